@@ -1,0 +1,69 @@
+-- racecert contract schema: the jobs table every worker under test writes to, and the audit
+-- trail that a trigger fills on every insert and update. The checkers read the audit table as
+-- ground truth: a worker can skip its own logging, it cannot skip this trigger.
+--
+-- Applying this file is idempotent (IF NOT EXISTS / OR REPLACE), so a test bed can apply it on
+-- every start without dropping data of a running suite.
+
+CREATE TABLE IF NOT EXISTS inference_jobs (
+    idempotency_key TEXT PRIMARY KEY,
+    request_id      TEXT        NOT NULL,
+    job_id          TEXT        NOT NULL,
+    status          TEXT        NOT NULL DEFAULT 'PENDING'
+        CHECK (status IN ('PENDING', 'IN_PROGRESS', 'SUCCEEDED', 'FAILED', 'CANCELLED')),
+    lease_token     TEXT,
+    generation      BIGINT      NOT NULL DEFAULT 0,
+    model_version   TEXT,
+    output          TEXT,
+    attempt         INTEGER     NOT NULL DEFAULT 0,
+    worker_id       TEXT,
+    created_at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+    updated_at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+    completed_at    TIMESTAMPTZ
+);
+
+CREATE TABLE IF NOT EXISTS inference_jobs_audit (
+    audit_id          BIGSERIAL   PRIMARY KEY,
+    idempotency_key   TEXT        NOT NULL,
+    operation         TEXT        NOT NULL,
+    old_status        TEXT,
+    new_status        TEXT        NOT NULL,
+    old_generation    BIGINT,
+    new_generation    BIGINT      NOT NULL,
+    old_model_version TEXT,
+    new_model_version TEXT,
+    old_lease_token   TEXT,
+    new_lease_token   TEXT,
+    worker_id         TEXT,
+    attempt           INTEGER     NOT NULL,
+    output            TEXT,
+    txid              BIGINT      NOT NULL DEFAULT txid_current(),
+    recorded_at       TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+);
+
+CREATE INDEX IF NOT EXISTS inference_jobs_audit_key ON inference_jobs_audit (idempotency_key, audit_id);
+
+CREATE OR REPLACE FUNCTION inference_jobs_audit_row() RETURNS trigger AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO inference_jobs_audit (idempotency_key, operation, old_status, new_status,
+            old_generation, new_generation, old_model_version, new_model_version,
+            old_lease_token, new_lease_token, worker_id, attempt, output)
+        VALUES (NEW.idempotency_key, TG_OP, NULL, NEW.status, NULL, NEW.generation, NULL,
+            NEW.model_version, NULL, NEW.lease_token, NEW.worker_id, NEW.attempt, NEW.output);
+    ELSE
+        INSERT INTO inference_jobs_audit (idempotency_key, operation, old_status, new_status,
+            old_generation, new_generation, old_model_version, new_model_version,
+            old_lease_token, new_lease_token, worker_id, attempt, output)
+        VALUES (NEW.idempotency_key, TG_OP, OLD.status, NEW.status, OLD.generation,
+            NEW.generation, OLD.model_version, NEW.model_version, OLD.lease_token,
+            NEW.lease_token, NEW.worker_id, NEW.attempt, NEW.output);
+    END IF;
+    RETURN NEW;
+END;
+$$ LANGUAGE plpgsql;
+
+DROP TRIGGER IF EXISTS inference_jobs_audit_trigger ON inference_jobs;
+CREATE TRIGGER inference_jobs_audit_trigger
+    AFTER INSERT OR UPDATE ON inference_jobs
+    FOR EACH ROW EXECUTE FUNCTION inference_jobs_audit_row();

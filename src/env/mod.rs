@@ -1,0 +1,829 @@
+//! The test bed every suite stands on: real Redis and PostgreSQL (containers started with
+//! testcontainers, or existing services in external mode), a Toxiproxy proxy in front of every
+//! connection a worker makes, and one wiremock model backend per model version.
+//!
+//! One test bed serves all cases of a suite. Cases are isolated by fresh key namespaces
+//! ([`crate::contract::Keys::namespaced`]) and, when they inject network faults, by proxies of their
+//! own ([`TestBed::dedicated_proxy`]); containers are never restarted between cases (a restart is a
+//! fault, [`TestBed::restart`]).
+//!
+//! ```no_run
+//! # async fn demo() -> racecert::Result<()> {
+//! let bed = racecert::env::TestBed::builder().start().await?;
+//! println!("workers use redis at {} and postgres at {}", bed.redis_url(), bed.database_url());
+//! bed.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+pub mod backends;
+pub mod containers;
+pub mod images;
+pub mod proxy;
+pub mod reaper;
+
+use crate::contract::SCHEMA_SQL;
+use crate::{Error, Result};
+use backends::ModelBackend;
+use containers::{ServiceContainer, wait_ready};
+use images::{ImageConfig, Service};
+use proxy::server::ProxyServer;
+use proxy::{FaultProxy, Proxy};
+use reaper::Owner;
+use reqwest::Url;
+use sqlx::Connection;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The comment that marks a database as safe for racecert's destructive setup. Containers get it
+/// automatically; an external database must carry it (`COMMENT ON DATABASE db IS '...'`).
+pub const TEST_DATABASE_MARKER: &str = "racecert-test-database";
+
+/// How long a service may take to answer after start or restart.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where Redis and PostgreSQL come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Services {
+    /// Containers started for this test bed.
+    Containers,
+    /// Existing services (CI services, staging).
+    External {
+        redis_url: String,
+        database_url: String,
+    },
+}
+
+/// Where the Toxiproxy API comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ProxySource {
+    /// racecert's own server, in this process.
+    Embedded,
+    /// racecert's proxy image (or Shopify's, through `RACECERT_PROXY_IMAGE`), host network.
+    Container,
+    /// An existing Toxiproxy at this URL.
+    External(String),
+}
+
+/// One model backend to start: name and version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct BackendSpec {
+    name: String,
+    version: String,
+}
+
+/// Builds a [`TestBed`]. Defaults: containers, embedded proxy, `model-backend-A` serving `v1` and
+/// `model-backend-B` serving `v2`.
+#[derive(Debug, Clone)]
+pub struct TestBedBuilder {
+    services: Services,
+    proxy: ProxySource,
+    backends: Vec<BackendSpec>,
+}
+
+impl Default for TestBedBuilder {
+    fn default() -> Self {
+        TestBedBuilder {
+            services: Services::Containers,
+            proxy: ProxySource::Embedded,
+            backends: vec![
+                BackendSpec {
+                    name: "model-backend-A".into(),
+                    version: "v1".into(),
+                },
+                BackendSpec {
+                    name: "model-backend-B".into(),
+                    version: "v2".into(),
+                },
+            ],
+        }
+    }
+}
+
+impl TestBedBuilder {
+    /// Reads the environment: `REDIS_URL` and `DATABASE_URL` (both or neither) switch to external
+    /// services, `TOXIPROXY_URL` to an external Toxiproxy, `RACECERT_PROXY=container` to the
+    /// proxy image.
+    pub fn from_env() -> Result<TestBedBuilder> {
+        let mut builder = TestBedBuilder::default();
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        match (var("REDIS_URL"), var("DATABASE_URL")) {
+            (Some(redis_url), Some(database_url)) => {
+                builder = builder.external_services(&redis_url, &database_url);
+            }
+            (None, None) => {}
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(Error::Config(
+                    "external mode needs both REDIS_URL and DATABASE_URL (or neither, for containers)"
+                        .to_owned(),
+                ));
+            }
+        }
+        if let Some(url) = var("TOXIPROXY_URL") {
+            builder = builder.external_proxy(&url);
+        } else if let Some(mode) = var("RACECERT_PROXY") {
+            builder = match mode.as_str() {
+                "embedded" => builder,
+                "container" => builder.container_proxy(),
+                other => {
+                    return Err(Error::Config(format!(
+                        "RACECERT_PROXY={other:?}: expected \"embedded\" or \"container\""
+                    )));
+                }
+            };
+        }
+        Ok(builder)
+    }
+
+    /// Uses existing Redis and PostgreSQL instead of containers. The database must carry the
+    /// [`TEST_DATABASE_MARKER`] comment, or setup is refused.
+    pub fn external_services(mut self, redis_url: &str, database_url: &str) -> Self {
+        self.services = Services::External {
+            redis_url: redis_url.to_owned(),
+            database_url: database_url.to_owned(),
+        };
+        self
+    }
+
+    /// Uses an existing Toxiproxy API at `url` (`http://host:port`).
+    pub fn external_proxy(mut self, url: &str) -> Self {
+        self.proxy = ProxySource::External(url.to_owned());
+        self
+    }
+
+    /// Runs the proxy as a container from the proxy image (host network, loopback only).
+    pub fn container_proxy(mut self) -> Self {
+        self.proxy = ProxySource::Container;
+        self
+    }
+
+    /// Replaces the model backends with `(name, version)` pairs.
+    pub fn backends<'a>(mut self, backends: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        self.backends = backends
+            .into_iter()
+            .map(|(name, version)| BackendSpec {
+                name: name.to_owned(),
+                version: version.to_owned(),
+            })
+            .collect();
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.backends.is_empty() {
+            return Err(Error::Config(
+                "a test bed needs at least one model backend".into(),
+            ));
+        }
+        for (i, backend) in self.backends.iter().enumerate() {
+            if backend.version.is_empty() || backend.version.contains(':') {
+                return Err(Error::Config(format!(
+                    "backend {:?}: version {:?} must be non-empty and contain no ':'",
+                    backend.name, backend.version
+                )));
+            }
+            if self.backends[..i]
+                .iter()
+                .any(|b| b.version == backend.version)
+            {
+                return Err(Error::Config(format!(
+                    "two backends serve version {:?}; one backend per version",
+                    backend.version
+                )));
+            }
+        }
+        if let Services::External {
+            redis_url,
+            database_url,
+        } = &self.services
+        {
+            parse_service_url(redis_url, "REDIS_URL", &["redis"])?;
+            parse_service_url(database_url, "DATABASE_URL", &["postgres", "postgresql"])?;
+        }
+        if let ProxySource::External(url) = &self.proxy {
+            FaultProxy::connect(url)?;
+        }
+        Ok(())
+    }
+
+    /// Starts everything and waits until every service answers through its proxy.
+    pub async fn start(self) -> Result<TestBed> {
+        self.validate()?;
+        TestBed::start(self).await
+    }
+}
+
+/// What a test bed is made of, for `racecert env up` and reports.
+#[derive(Debug, Clone)]
+pub struct Addresses {
+    /// Redis URL workers use (through the proxy).
+    pub redis_url: String,
+    /// PostgreSQL URL workers use (through the proxy).
+    pub database_url: String,
+    /// Model backends: name, version, URL workers use (through the proxy).
+    pub backends: Vec<(String, String, String)>,
+    /// Toxiproxy API URL.
+    pub toxiproxy_url: String,
+    /// Direct Redis URL (checkers, benchmarks).
+    pub redis_direct_url: String,
+    /// Direct PostgreSQL URL (checkers, benchmarks).
+    pub database_direct_url: String,
+}
+
+/// A service behind the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// Redis.
+    Redis,
+    /// PostgreSQL.
+    Postgres,
+    /// The model backend with this index (0: first version).
+    Backend(usize),
+}
+
+impl Target {
+    fn label(self) -> String {
+        match self {
+            Target::Redis => "redis".into(),
+            Target::Postgres => "postgres".into(),
+            Target::Backend(i) => format!("backend{i}"),
+        }
+    }
+}
+
+struct Backend {
+    server: ModelBackend,
+    proxy: Proxy,
+}
+
+/// A proxy made for one case, deleted when dropped.
+#[derive(Debug)]
+pub struct DedicatedProxy {
+    proxy: Proxy,
+    api: FaultProxy,
+}
+
+impl std::ops::Deref for DedicatedProxy {
+    type Target = Proxy;
+    fn deref(&self) -> &Proxy {
+        &self.proxy
+    }
+}
+
+impl Drop for DedicatedProxy {
+    fn drop(&mut self) {
+        // The blocking client cannot run on an async worker thread, and Drop cannot await:
+        // delete from a short-lived thread of its own.
+        let api = self.api.clone();
+        let name = self.proxy.name().to_owned();
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                let _ = rt.block_on(api.delete(&name));
+            }
+        })
+        .join();
+    }
+}
+
+static BED_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// The running test bed. Drop (or [`TestBed::shutdown`]) removes its containers and proxies.
+pub struct TestBed {
+    id: String,
+    owner: Owner,
+    redis_container: Option<ServiceContainer>,
+    postgres_container: Option<ServiceContainer>,
+    proxy_container: Option<ServiceContainer>,
+    proxy_server: Option<ProxyServer>,
+    api: FaultProxy,
+    redis_upstream: Mutex<SocketAddr>,
+    postgres_upstream: Mutex<SocketAddr>,
+    redis_direct_url: Url,
+    database_direct_url: Url,
+    redis_proxy: Proxy,
+    postgres_proxy: Proxy,
+    backends: Vec<Backend>,
+    dedicated: Mutex<Vec<(Target, String)>>,
+    lock: tokio::sync::RwLock<()>,
+    startup: Duration,
+    external_proxy: bool,
+}
+
+impl std::fmt::Debug for TestBed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestBed")
+            .field("id", &self.id)
+            .field("redis", &self.redis_direct_url.as_str())
+            .field("toxiproxy", &self.api.url())
+            .finish()
+    }
+}
+
+fn parse_service_url(url: &str, origin: &str, schemes: &[&str]) -> Result<Url> {
+    let parsed = Url::parse(url)
+        .map_err(|err| Error::Config(format!("{origin}: {url:?} is not a URL: {err}")))?;
+    if !schemes.contains(&parsed.scheme()) {
+        return Err(Error::Config(format!(
+            "{origin}: scheme {:?} not supported, expected {}",
+            parsed.scheme(),
+            schemes.join(" or ")
+        )));
+    }
+    if parsed.host_str().is_none() {
+        return Err(Error::Config(format!("{origin}: {url:?} names no host")));
+    }
+    Ok(parsed)
+}
+
+fn url_addr(url: &Url, default_port: u16) -> Result<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let host = url.host_str().unwrap_or("127.0.0.1");
+    let port = url.port().unwrap_or(default_port);
+    (host, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| Error::Config(format!("cannot resolve {host}:{port} (from {url})")))
+}
+
+/// `url` with its host and port replaced by `addr` (same credentials, database, options).
+fn via(url: &Url, addr: SocketAddr) -> Url {
+    let mut out = url.clone();
+    let _ = out.set_host(Some(&addr.ip().to_string()));
+    let _ = out.set_port(Some(addr.port()));
+    out
+}
+
+fn random_password() -> String {
+    use rand::RngExt;
+    let mut rng = rand::rng();
+    (0..24)
+        .map(|_| {
+            let chars = b"abcdefghijkmnpqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789";
+            chars[rng.random_range(0..chars.len())] as char
+        })
+        .collect()
+}
+
+impl TestBed {
+    /// A builder with the defaults (containers, embedded proxy, backends A/v1 and B/v2).
+    pub fn builder() -> TestBedBuilder {
+        TestBedBuilder::default()
+    }
+
+    async fn start(spec: TestBedBuilder) -> Result<TestBed> {
+        let started = Instant::now();
+        let owner = Owner::current();
+        let id = format!(
+            "rc{}x{}",
+            owner.pid,
+            BED_COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let needs_containers =
+            spec.services == Services::Containers || spec.proxy == ProxySource::Container;
+        let image_config = ImageConfig::from_env()?;
+        if needs_containers {
+            // Leftovers of killed runs go first; then the images we need, built if missing.
+            let wanted: Vec<Service> = match (&spec.services, &spec.proxy) {
+                (Services::Containers, ProxySource::Container) => Service::ALL.to_vec(),
+                (Services::Containers, _) => vec![Service::Redis, Service::Postgres],
+                (_, _) => vec![Service::Proxy],
+            };
+            let config = image_config.clone();
+            tokio::task::spawn_blocking(move || -> Result<()> {
+                reaper::reap(false)?;
+                images::ensure_images(&config, &wanted, false)?;
+                Ok(())
+            })
+            .await
+            .map_err(|err| Error::other(format!("image preparation panicked: {err}")))??;
+        }
+
+        let mut bed_containers = (None, None);
+        let (redis_direct_url, database_direct_url) = match &spec.services {
+            Services::Containers => {
+                let password = random_password();
+                let (redis, postgres) = tokio::join!(
+                    containers::start_redis(&image_config.redis, &owner),
+                    containers::start_postgres(&image_config.postgres, &owner, &password)
+                );
+                let (redis, postgres) = (redis?, postgres?);
+                let redis_url = Url::parse(&format!("redis://{}/", redis.host_addr().await?))
+                    .map_err(|e| Error::other(e.to_string()))?;
+                let database_url = Url::parse(&format!(
+                    "postgres://{}:{password}@{}/{}",
+                    containers::POSTGRES_USER,
+                    postgres.host_addr().await?,
+                    containers::POSTGRES_DB
+                ))
+                .map_err(|e| Error::other(e.to_string()))?;
+                bed_containers = (Some(redis), Some(postgres));
+                (redis_url, database_url)
+            }
+            Services::External {
+                redis_url,
+                database_url,
+            } => (
+                parse_service_url(redis_url, "REDIS_URL", &["redis"])?,
+                parse_service_url(database_url, "DATABASE_URL", &["postgres", "postgresql"])?,
+            ),
+        };
+        let (redis_container, postgres_container) = bed_containers;
+
+        let (proxy_server, proxy_container, api) = match &spec.proxy {
+            ProxySource::Embedded => {
+                let server = ProxyServer::start(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+                let api = FaultProxy::connect(&server.url())?;
+                (Some(server), None, api)
+            }
+            ProxySource::Container => {
+                let (container, url) = containers::start_proxy(&image_config.proxy, &owner).await?;
+                (None, Some(container), FaultProxy::connect(&url)?)
+            }
+            ProxySource::External(url) => (None, None, FaultProxy::connect(url)?),
+        };
+        let version = wait_ready("toxiproxy API", READY_TIMEOUT, || api.version()).await?;
+        tracing::debug!(%version, url = api.url(), "fault proxy API ready");
+
+        let redis_upstream = url_addr(&redis_direct_url, 6379)?;
+        let postgres_upstream = url_addr(&database_direct_url, 5432)?;
+        let listen = "127.0.0.1:0";
+        let redis_proxy = api
+            .create(&format!("{id}-redis"), listen, &redis_upstream.to_string())
+            .await?;
+        let postgres_proxy = api
+            .create(
+                &format!("{id}-postgres"),
+                listen,
+                &postgres_upstream.to_string(),
+            )
+            .await?;
+        let mut backends = Vec::new();
+        for (i, backend) in spec.backends.iter().enumerate() {
+            let server = ModelBackend::start(&backend.name, &backend.version).await;
+            let proxy = api
+                .create(
+                    &format!("{id}-backend{i}"),
+                    listen,
+                    &server.addr().to_string(),
+                )
+                .await?;
+            backends.push(Backend { server, proxy });
+        }
+
+        let mut bed = TestBed {
+            id,
+            owner,
+            redis_container,
+            postgres_container,
+            proxy_container,
+            proxy_server,
+            external_proxy: matches!(spec.proxy, ProxySource::External(_)),
+            api,
+            redis_upstream: Mutex::new(redis_upstream),
+            postgres_upstream: Mutex::new(postgres_upstream),
+            redis_direct_url,
+            database_direct_url,
+            redis_proxy,
+            postgres_proxy,
+            backends,
+            dedicated: Mutex::new(Vec::new()),
+            lock: tokio::sync::RwLock::new(()),
+            startup: Duration::ZERO,
+        };
+        bed.wait_services_ready().await?;
+        bed.prepare_database(spec.services == Services::Containers)
+            .await?;
+        bed.startup = started.elapsed();
+        Ok(bed)
+    }
+
+    /// Waits until Redis and PostgreSQL answer a real command through their proxies.
+    async fn wait_services_ready(&self) -> Result<()> {
+        let redis_url = self.redis_url();
+        wait_ready("redis", READY_TIMEOUT, || {
+            let redis_url = redis_url.clone();
+            async move {
+                let client = redis::Client::open(redis_url)?;
+                let mut conn = client.get_multiplexed_async_connection().await?;
+                redis::cmd("PING").query_async::<String>(&mut conn).await
+            }
+        })
+        .await?;
+        let database_url = self.database_url();
+        wait_ready("postgres", READY_TIMEOUT, || {
+            let database_url = database_url.clone();
+            async move {
+                let mut conn = sqlx::PgConnection::connect(&database_url).await?;
+                sqlx::query_scalar::<_, i32>("SELECT 1")
+                    .fetch_one(&mut conn)
+                    .await
+            }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Applies the contract schema. Our own containers are marked as test databases first; an
+    /// external database must already carry the marker, or nothing is touched.
+    async fn prepare_database(&self, owned: bool) -> Result<()> {
+        let mut conn = sqlx::PgConnection::connect(self.database_direct_url.as_str()).await?;
+        if owned {
+            // Both names are constants of ours, not input.
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "COMMENT ON DATABASE {} IS '{TEST_DATABASE_MARKER}'",
+                containers::POSTGRES_DB
+            )))
+            .execute(&mut conn)
+            .await?;
+        }
+        let marker: Option<String> = sqlx::query_scalar(
+            "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = current_database()",
+        )
+        .fetch_one(&mut conn)
+        .await?;
+        if marker.as_deref() != Some(TEST_DATABASE_MARKER) {
+            let name: String = sqlx::query_scalar("SELECT current_database()")
+                .fetch_one(&mut conn)
+                .await?;
+            return Err(Error::Refused(format!(
+                "database {name:?} at {} is not marked for tests, so racecert will not create tables or write to it; \
+                 if it is a disposable test database, mark it with: COMMENT ON DATABASE \"{name}\" IS '{TEST_DATABASE_MARKER}'",
+                redact(&self.database_direct_url)
+            )));
+        }
+        // One simple-protocol query: Postgres runs it as one implicit transaction, so a failing
+        // statement leaves no half-applied schema.
+        sqlx::raw_sql(SCHEMA_SQL).execute(&mut conn).await?;
+        Ok(())
+    }
+
+    /// Unique id of this test bed (prefix of its proxy names).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// How long [`TestBedBuilder::start`] took (images present or built, containers, schema).
+    pub fn startup_time(&self) -> Duration {
+        self.startup
+    }
+
+    /// The process that owns this bed's containers.
+    pub fn owner(&self) -> &Owner {
+        &self.owner
+    }
+
+    /// Redis URL for workers: through the proxy.
+    pub fn redis_url(&self) -> String {
+        via(&self.redis_direct_url, self.redis_proxy.listen()).to_string()
+    }
+
+    /// PostgreSQL URL for workers: through the proxy.
+    pub fn database_url(&self) -> String {
+        via(&self.database_direct_url, self.postgres_proxy.listen()).to_string()
+    }
+
+    /// Redis URL straight to the service, bypassing faults (checkers, benchmarks).
+    pub fn redis_direct_url(&self) -> String {
+        let addr = *self.redis_upstream.lock().expect("poisoned");
+        via(&self.redis_direct_url, addr).to_string()
+    }
+
+    /// PostgreSQL URL straight to the service, bypassing faults (checkers, benchmarks).
+    pub fn database_direct_url(&self) -> String {
+        let addr = *self.postgres_upstream.lock().expect("poisoned");
+        via(&self.database_direct_url, addr).to_string()
+    }
+
+    /// The Toxiproxy API.
+    pub fn toxiproxy(&self) -> &FaultProxy {
+        &self.api
+    }
+
+    /// The shared proxy in front of Redis.
+    pub fn redis_proxy(&self) -> &Proxy {
+        &self.redis_proxy
+    }
+
+    /// The shared proxy in front of PostgreSQL.
+    pub fn postgres_proxy(&self) -> &Proxy {
+        &self.postgres_proxy
+    }
+
+    /// The model versions served, in backend order.
+    pub fn versions(&self) -> Vec<&str> {
+        self.backends.iter().map(|b| b.server.version()).collect()
+    }
+
+    fn backend_index(&self, version: &str) -> Result<usize> {
+        self.backends
+            .iter()
+            .position(|b| b.server.version() == version)
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "no model backend serves version {version:?} (served: {})",
+                    self.versions().join(", ")
+                ))
+            })
+    }
+
+    /// The backend serving `version`.
+    pub fn backend(&self, version: &str) -> Result<&ModelBackend> {
+        Ok(&self.backends[self.backend_index(version)?].server)
+    }
+
+    /// The shared proxy in front of the backend serving `version`.
+    pub fn backend_proxy(&self, version: &str) -> Result<&Proxy> {
+        Ok(&self.backends[self.backend_index(version)?].proxy)
+    }
+
+    /// Base URL workers of `version` call (through the proxy), e.g. `http://127.0.0.1:40123`.
+    pub fn backend_url(&self, version: &str) -> Result<String> {
+        Ok(format!("http://{}", self.backend_proxy(version)?.listen()))
+    }
+
+    /// Every address of the bed.
+    pub fn addresses(&self) -> Addresses {
+        Addresses {
+            redis_url: self.redis_url(),
+            database_url: self.database_url(),
+            backends: self
+                .backends
+                .iter()
+                .map(|b| {
+                    (
+                        b.server.name().to_owned(),
+                        b.server.version().to_owned(),
+                        format!("http://{}", b.proxy.listen()),
+                    )
+                })
+                .collect(),
+            toxiproxy_url: self.api.url().to_owned(),
+            redis_direct_url: self.redis_direct_url(),
+            database_direct_url: self.database_direct_url(),
+        }
+    }
+
+    fn upstream(&self, target: Target) -> Result<SocketAddr> {
+        Ok(match target {
+            Target::Redis => *self.redis_upstream.lock().expect("poisoned"),
+            Target::Postgres => *self.postgres_upstream.lock().expect("poisoned"),
+            Target::Backend(i) => self
+                .backends
+                .get(i)
+                .ok_or_else(|| Error::Config(format!("no backend #{i}")))?
+                .server
+                .addr(),
+        })
+    }
+
+    /// A fresh proxy in front of `target` for one case, so the case's toxics and partitions touch
+    /// no other case. Deleted when dropped; follows container restarts like the shared ones.
+    pub async fn dedicated_proxy(&self, target: Target) -> Result<DedicatedProxy> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "{}-{}-c{}",
+            self.id,
+            target.label(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let upstream = self.upstream(target)?;
+        let proxy = self
+            .api
+            .create(&name, "127.0.0.1:0", &upstream.to_string())
+            .await?;
+        self.dedicated
+            .lock()
+            .expect("poisoned")
+            .push((target, name));
+        Ok(DedicatedProxy {
+            proxy,
+            api: self.api.clone(),
+        })
+    }
+
+    /// Shared access for a case: many at once, none during an exclusive section.
+    pub async fn shared(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        self.lock.read().await
+    }
+
+    /// Exclusive access, for faults that hit every case (a container restart).
+    pub async fn exclusive(&self) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+        self.lock.write().await
+    }
+
+    /// Restarts the Redis or PostgreSQL container (volatile state is lost: for Redis, every
+    /// lease), re-points every proxy in front of it if the engine moved its port, and waits until
+    /// it answers through the proxy again. Workers keep their addresses.
+    pub async fn restart(&self, target: Target) -> Result<Duration> {
+        let started = Instant::now();
+        let (container, slot) = match target {
+            Target::Redis => (self.redis_container.as_ref(), &self.redis_upstream),
+            Target::Postgres => (self.postgres_container.as_ref(), &self.postgres_upstream),
+            Target::Backend(_) => {
+                return Err(Error::Config(
+                    "model backends run in-process; program a failure instead of a restart".into(),
+                ));
+            }
+        };
+        let container = container.ok_or_else(|| {
+            Error::Config("restarting a service needs container mode, not external services".into())
+        })?;
+        container.restart(Duration::from_secs(1)).await?;
+        let new_addr = container.host_addr().await?;
+        let old_addr = std::mem::replace(&mut *slot.lock().expect("poisoned"), new_addr);
+        if new_addr != old_addr {
+            tracing::info!(service = container.service(), %old_addr, %new_addr, "service moved; re-pointing its proxies");
+            let mut names = vec![match target {
+                Target::Redis => self.redis_proxy.name().to_owned(),
+                _ => self.postgres_proxy.name().to_owned(),
+            }];
+            names.extend(
+                self.dedicated
+                    .lock()
+                    .expect("poisoned")
+                    .iter()
+                    .filter(|(t, _)| *t == target)
+                    .map(|(_, name)| name.clone()),
+            );
+            for name in names {
+                match self.api.proxy(&name).await {
+                    Ok(proxy) => proxy.set_upstream(new_addr).await?,
+                    // A dedicated proxy whose case ended in between.
+                    Err(_) => continue,
+                }
+            }
+        }
+        self.wait_services_ready().await?;
+        Ok(started.elapsed())
+    }
+
+    /// Removes containers and proxies now, waiting for it (Drop does the same without waiting).
+    pub async fn shutdown(mut self) {
+        for container in [
+            self.redis_container.take(),
+            self.postgres_container.take(),
+            self.proxy_container.take(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            container.remove().await;
+        }
+        if self.external_proxy {
+            self.delete_own_proxies().await;
+        }
+        if let Some(server) = self.proxy_server.take() {
+            server.shutdown().await;
+        }
+    }
+
+    async fn delete_own_proxies(&self) {
+        if let Ok(all) = self.api.all().await {
+            for proxy in all.iter().filter(|p| p.name.starts_with(&self.id)) {
+                let _ = self.api.delete(&proxy.name).await;
+            }
+        }
+    }
+}
+
+impl Drop for TestBed {
+    fn drop(&mut self) {
+        let containers: Vec<ServiceContainer> = [
+            self.redis_container.take(),
+            self.postgres_container.take(),
+            self.proxy_container.take(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if containers.is_empty() {
+            return;
+        }
+        // testcontainers removes a container on drop through the current tokio runtime; a bed
+        // dropped outside one (end of main, a panic unwinding) gets a runtime of its own, so no
+        // container is left behind.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            drop(containers);
+        } else if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            let _guard = rt.enter();
+            drop(containers);
+        }
+    }
+}
+
+/// A URL without its password, for messages.
+fn redact(url: &Url) -> String {
+    let mut shown = url.clone();
+    if shown.password().is_some() {
+        let _ = shown.set_password(Some("***"));
+    }
+    shown.to_string()
+}

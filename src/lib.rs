@@ -1,0 +1,39 @@
+//! # racecert
+//!
+//! A fault-injection test harness that certifies inference workers (API -> queue -> worker ->
+//! model backend -> cache -> result store) against the races of a model-backend rollout: version
+//! skew between workers, retries without dedupe, late writes that overwrite newer results, stale
+//! caches. Workers run against **real** Redis and PostgreSQL in containers, every connection goes
+//! through a Toxiproxy fault proxy, and each model version is a wiremock backend.
+//!
+//! ## Map of the modules
+//! - [`contract`]: what every worker under test agrees to: schema (jobs table + audit trigger),
+//!   Redis key names, job state machine, log fields, backend API.
+//! - [`env`]: the test bed: images built offline, containers, external services, the
+//!   Toxiproxy-API fault proxy and its client, the wiremock model backends, the container reaper.
+//! - [`error`]: the library error type.
+//! - [`smoke`]: the smoke scenario behind `racecert smoke`.
+//!
+//! ## The test bed in one example
+//! ```no_run
+//! use racecert::env::{TestBed, proxy::{Direction, Toxic}};
+//!
+//! # async fn demo() -> racecert::Result<()> {
+//! let bed = TestBed::builder().start().await?;          // builds images on first use
+//! let backend = bed.backend_proxy("v1")?;                 // model-backend-A behind its proxy
+//! backend
+//!     .add_toxic(Toxic::Latency { latency_ms: 300, jitter_ms: 0 }, Direction::Downstream, 1.0)
+//!     .await?;                                            // every v1 call now takes >= 300 ms
+//! bed.shutdown().await;                                   // containers removed
+//! # Ok(()) }
+//! ```
+
+#![deny(missing_docs)]
+
+pub mod contract;
+pub mod env;
+pub mod error;
+pub mod reference;
+pub mod smoke;
+
+pub use error::{Error, Result};

@@ -1,0 +1,311 @@
+//! Checkpoints: named points in a worker's flow where a harness can hold the worker, let it go
+//! on, or crash it. A worker calls [`Checkpoints::reached`] at each point; with no harness attached
+//! that is a no-op, so production code pays nothing. A [`Gate`] attached to a worker parks it at
+//! every checkpoint until the harness says what to do: this is how the controller makes workers
+//! advance one step at a time in the order a schedule gives.
+
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+/// A named point in the worker's flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Checkpoint {
+    /// A delivery was received from the queue.
+    Received,
+    /// The lease was acquired (or, with the dedupe defect, skipped).
+    AfterLease,
+    /// The job was moved to IN_PROGRESS with a new generation.
+    AfterTake,
+    /// The cache was read (hit or miss).
+    AfterCacheRead,
+    /// About to call the model backend.
+    BeforeBackendCall,
+    /// The backend answered.
+    AfterBackendCall,
+    /// About to write the cache.
+    BeforeCacheWrite,
+    /// About to commit the final write.
+    BeforeFinalWrite,
+    /// The final write was attempted (accepted or rejected).
+    AfterFinalWrite,
+    /// About to acknowledge the delivery.
+    BeforeAck,
+    /// About to release the lease.
+    BeforeRelease,
+    /// The delivery is fully processed.
+    Done,
+}
+
+impl Checkpoint {
+    /// Every checkpoint, in flow order.
+    pub const ALL: [Checkpoint; 12] = [
+        Checkpoint::Received,
+        Checkpoint::AfterLease,
+        Checkpoint::AfterTake,
+        Checkpoint::AfterCacheRead,
+        Checkpoint::BeforeBackendCall,
+        Checkpoint::AfterBackendCall,
+        Checkpoint::BeforeCacheWrite,
+        Checkpoint::BeforeFinalWrite,
+        Checkpoint::AfterFinalWrite,
+        Checkpoint::BeforeAck,
+        Checkpoint::BeforeRelease,
+        Checkpoint::Done,
+    ];
+
+    /// snake_case name for logs and schedules.
+    pub fn name(self) -> &'static str {
+        match self {
+            Checkpoint::Received => "received",
+            Checkpoint::AfterLease => "after_lease",
+            Checkpoint::AfterTake => "after_take",
+            Checkpoint::AfterCacheRead => "after_cache_read",
+            Checkpoint::BeforeBackendCall => "before_backend_call",
+            Checkpoint::AfterBackendCall => "after_backend_call",
+            Checkpoint::BeforeCacheWrite => "before_cache_write",
+            Checkpoint::BeforeFinalWrite => "before_final_write",
+            Checkpoint::AfterFinalWrite => "after_final_write",
+            Checkpoint::BeforeAck => "before_ack",
+            Checkpoint::BeforeRelease => "before_release",
+            Checkpoint::Done => "done",
+        }
+    }
+}
+
+impl fmt::Display for Checkpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a parked worker is told to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Directive {
+    /// Go on to the next checkpoint.
+    Continue,
+    /// Stop processing here as if the process died: nothing is cleaned up (lease held, delivery
+    /// unacknowledged, job IN_PROGRESS).
+    Crash,
+}
+
+/// A worker parked at a checkpoint, waiting for its directive.
+#[derive(Debug)]
+pub struct Arrival {
+    /// The worker.
+    pub worker: String,
+    /// Where it is parked.
+    pub at: Checkpoint,
+    reply: oneshot::Sender<Directive>,
+}
+
+impl Arrival {
+    /// Lets the worker go on to its next checkpoint.
+    pub fn proceed(self) {
+        let _ = self.reply.send(Directive::Continue);
+    }
+
+    /// Crashes the worker here.
+    pub fn crash(self) {
+        let _ = self.reply.send(Directive::Crash);
+    }
+}
+
+type Senders = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Arrival>>>>;
+
+/// The worker side: call [`Checkpoints::reached`] at every checkpoint.
+#[derive(Clone, Default)]
+pub struct Checkpoints {
+    gated: Option<Senders>,
+}
+
+impl fmt::Debug for Checkpoints {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Checkpoints")
+            .field("gated", &self.gated.is_some())
+            .finish()
+    }
+}
+
+impl Checkpoints {
+    /// No harness: every checkpoint passes at once.
+    pub fn free() -> Checkpoints {
+        Checkpoints::default()
+    }
+
+    /// Reports that `worker` reached `at`, and waits for the harness's directive if a gate holds
+    /// this worker. A gate that went away counts as a crash: the harness is gone, nothing may
+    /// proceed unobserved.
+    pub async fn reached(&self, worker: &str, at: Checkpoint) -> Directive {
+        let Some(senders) = &self.gated else {
+            return Directive::Continue;
+        };
+        let sender = senders.lock().expect("poisoned").get(worker).cloned();
+        let Some(sender) = sender else {
+            return Directive::Continue;
+        };
+        let (reply, answer) = oneshot::channel();
+        let arrival = Arrival {
+            worker: worker.to_owned(),
+            at,
+            reply,
+        };
+        if sender.send(arrival).is_err() {
+            return Directive::Crash;
+        }
+        answer.await.unwrap_or(Directive::Crash)
+    }
+}
+
+/// The harness side: parks gated workers at every checkpoint.
+pub struct Gate {
+    senders: Senders,
+    receivers: Mutex<HashMap<String, Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Arrival>>>>>,
+    /// How long to wait for a worker to reach its next checkpoint before calling it stuck.
+    patience: Duration,
+}
+
+impl fmt::Debug for Gate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gate")
+            .field("patience", &self.patience)
+            .finish()
+    }
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Gate::new(Duration::from_secs(20))
+    }
+}
+
+impl Gate {
+    /// A gate that reports a worker as stuck if it does not reach its next checkpoint within
+    /// `patience` (a deadlock detector, not a timing assumption).
+    pub fn new(patience: Duration) -> Gate {
+        Gate {
+            senders: Arc::new(Mutex::new(HashMap::new())),
+            receivers: Mutex::new(HashMap::new()),
+            patience,
+        }
+    }
+
+    /// The worker-side handle; workers registered with [`Gate::hold`] park at every checkpoint.
+    pub fn checkpoints(&self) -> Checkpoints {
+        Checkpoints {
+            gated: Some(self.senders.clone()),
+        }
+    }
+
+    /// Parks `worker` at each of its checkpoints from now on.
+    pub fn hold(&self, worker: &str) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.senders
+            .lock()
+            .expect("poisoned")
+            .insert(worker.to_owned(), tx);
+        self.receivers
+            .lock()
+            .expect("poisoned")
+            .insert(worker.to_owned(), Arc::new(tokio::sync::Mutex::new(rx)));
+    }
+
+    /// Lets `worker` run freely again (checkpoints it is parked at stay parked until answered).
+    pub fn free(&self, worker: &str) {
+        self.senders.lock().expect("poisoned").remove(worker);
+    }
+
+    /// Waits until `worker` parks at its next checkpoint.
+    pub async fn next(&self, worker: &str) -> Result<Arrival> {
+        let receiver = self
+            .receivers
+            .lock()
+            .expect("poisoned")
+            .get(worker)
+            .cloned()
+            .ok_or_else(|| Error::other(format!("worker {worker} is not held by this gate")))?;
+        let mut receiver = receiver.lock().await;
+        match tokio::time::timeout(self.patience, receiver.recv()).await {
+            Ok(Some(arrival)) => Ok(arrival),
+            Ok(None) => Err(Error::other(format!("worker {worker}: gate closed"))),
+            Err(_) => Err(Error::other(format!(
+                "worker {worker} reached no checkpoint within {:?} (stuck or finished)",
+                self.patience
+            ))),
+        }
+    }
+
+    /// Lets `worker` run until it parks at `at`, and returns it parked there. Fails if the
+    /// worker finishes ([`Checkpoint::Done`]) first.
+    pub async fn run_to(&self, worker: &str, at: Checkpoint) -> Result<Arrival> {
+        loop {
+            let arrival = self.next(worker).await?;
+            if arrival.at == at {
+                return Ok(arrival);
+            }
+            if arrival.at == Checkpoint::Done {
+                arrival.proceed();
+                return Err(Error::other(format!(
+                    "worker {worker} finished without reaching {at}"
+                )));
+            }
+            arrival.proceed();
+        }
+    }
+
+    /// Lets `worker` run to the end of its delivery.
+    pub async fn finish(&self, worker: &str) -> Result<()> {
+        self.run_to(worker, Checkpoint::Done).await?.proceed();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn free_checkpoints_pass_and_held_workers_park_until_told() {
+        assert_eq!(
+            Checkpoints::free().reached("w", Checkpoint::Received).await,
+            Directive::Continue
+        );
+        let gate = Gate::new(Duration::from_secs(5));
+        gate.hold("w1");
+        let cps = gate.checkpoints();
+        let worker = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for cp in [
+                Checkpoint::Received,
+                Checkpoint::AfterLease,
+                Checkpoint::Done,
+            ] {
+                let directive = cps.reached("w1", cp).await;
+                seen.push((cp, directive));
+                if directive == Directive::Crash {
+                    break;
+                }
+            }
+            // An ungated worker never parks.
+            assert_eq!(
+                cps.reached("w2", Checkpoint::Received).await,
+                Directive::Continue
+            );
+            seen
+        });
+        let parked = gate.run_to("w1", Checkpoint::AfterLease).await.unwrap();
+        assert_eq!(parked.at, Checkpoint::AfterLease);
+        parked.crash();
+        let seen = worker.await.unwrap();
+        assert_eq!(
+            seen,
+            vec![
+                (Checkpoint::Received, Directive::Continue),
+                (Checkpoint::AfterLease, Directive::Crash)
+            ]
+        );
+    }
+}

@@ -1,0 +1,126 @@
+//! Switches that re-introduce each root cause of the seed into the reference pipeline, so the
+//! harness has real bugs to find. Each defect is named as the CLI spells it.
+
+use crate::{Error, Result};
+use std::collections::BTreeSet;
+use std::fmt;
+use std::str::FromStr;
+
+/// One root cause of the seed, re-created faithfully.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Defect {
+    /// Cache key `sha256(normalized_input)` without the model version: after a cutover, answers
+    /// of the previous version are served (root cause 1).
+    UnversionedCacheKey,
+    /// A redelivered job is processed even while another attempt holds the lease: two live
+    /// attempts both run and both write (root cause 3).
+    RetryWithoutDedupe,
+    /// Every retry gets a new random idempotency key: the retry is a new job, so nothing
+    /// deduplicates it and the request gets two final results (root cause 2).
+    RandomIdPerRetry,
+    /// The final write is a plain UPDATE: no lease-token, status or generation check, so a late
+    /// attempt overwrites the newer result (the seed's canonical race).
+    UnfencedFinalWrite,
+    /// Cutover deletes the old cache entries asynchronously and late, from unversioned keys,
+    /// instead of switching a pointer between version namespaces (root cause 4).
+    LateCacheInvalidation,
+    /// The worker re-reads the active-version pointer at every step instead of binding to its
+    /// version for its lifetime: one job mixes versions (cache of one, backend of another).
+    RereadActiveVersion,
+    /// The delivery is acknowledged right after the job is taken, before the final write: a crash
+    /// in between loses the job.
+    AckBeforeFinalWrite,
+}
+
+impl Defect {
+    /// Every defect.
+    pub const ALL: [Defect; 7] = [
+        Defect::UnversionedCacheKey,
+        Defect::RetryWithoutDedupe,
+        Defect::RandomIdPerRetry,
+        Defect::UnfencedFinalWrite,
+        Defect::LateCacheInvalidation,
+        Defect::RereadActiveVersion,
+        Defect::AckBeforeFinalWrite,
+    ];
+
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Defect::UnversionedCacheKey => "unversioned-cache-key",
+            Defect::RetryWithoutDedupe => "retry-without-dedupe",
+            Defect::RandomIdPerRetry => "random-id-per-retry",
+            Defect::UnfencedFinalWrite => "unfenced-final-write",
+            Defect::LateCacheInvalidation => "late-cache-invalidation",
+            Defect::RereadActiveVersion => "reread-active-version",
+            Defect::AckBeforeFinalWrite => "ack-before-final-write",
+        }
+    }
+}
+
+impl fmt::Display for Defect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Defect {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Defect> {
+        Defect::ALL
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "unknown defect {s:?}; known defects: {}",
+                    Defect::ALL.map(Defect::name).join(", ")
+                ))
+            })
+    }
+}
+
+/// A set of enabled defects (empty: the correct reference pipeline).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Defects(BTreeSet<Defect>);
+
+impl Defects {
+    /// No defect: the correct pipeline.
+    pub fn none() -> Defects {
+        Defects::default()
+    }
+
+    /// Exactly these defects.
+    pub fn of(defects: impl IntoIterator<Item = Defect>) -> Defects {
+        Defects(defects.into_iter().collect())
+    }
+
+    /// Whether a defect is on.
+    pub fn has(&self, defect: Defect) -> bool {
+        self.0.contains(&defect)
+    }
+
+    /// Whether the cache key leaves out the version (either cache defect implies it).
+    pub fn unversioned_cache(&self) -> bool {
+        self.has(Defect::UnversionedCacheKey) || self.has(Defect::LateCacheInvalidation)
+    }
+
+    /// The enabled defects.
+    pub fn iter(&self) -> impl Iterator<Item = Defect> + '_ {
+        self.0.iter().copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_names_list_the_known_ones() {
+        for defect in Defect::ALL {
+            assert_eq!(defect.name().parse::<Defect>().unwrap(), defect);
+        }
+        let err = "no-such".parse::<Defect>().unwrap_err().to_string();
+        assert!(err.contains("unfenced-final-write"), "{err}");
+    }
+}

@@ -1,0 +1,136 @@
+//! Integration tests against the real test bed: Redis and PostgreSQL in containers, every
+//! connection through the fault proxy, wiremock model backends.
+//!
+//! One binary, one test bed: `main` starts it once, runs every test (in parallel, isolated by key
+//! namespaces and dedicated proxies; container restarts take the bed's exclusive lock), then
+//! removes the bed and checks that no container of this process is left. libtest-mimic gives the
+//! usual `cargo test` interface (filters, --list, --test-threads) with a main of our own, which
+//! the built-in harness cannot offer: statics are never dropped, so a bed shared through one would
+//! leak its containers.
+
+mod backends;
+mod cleanup;
+mod external;
+mod fenced_write;
+mod lease;
+mod proxy_faults;
+mod restart;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use racecert::env::{TestBed, TestBedBuilder, reaper};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+/// A test: an async function over the shared bed.
+pub type TestFn =
+    for<'a> fn(&'a TestBed) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + 'a>>;
+
+/// Lists tests of a module as (name, function).
+#[macro_export]
+macro_rules! tests {
+    ($($name:ident),* $(,)?) => {
+        pub fn tests() -> Vec<(&'static str, $crate::TestFn)> {
+            vec![$((
+                concat!(module_path!(), "::", stringify!($name)),
+                (|bed| Box::pin($name(bed))) as $crate::TestFn,
+            )),*]
+        }
+    };
+}
+
+/// A namespace unique to one test, for its Redis keys and idempotency keys.
+pub fn namespace(test: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "t{}-{test}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+struct Fixture {
+    runtime: tokio::runtime::Runtime,
+    bed: TestBed,
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Arguments::from_args();
+    let all: Vec<(&'static str, TestFn)> = [
+        lease::tests(),
+        fenced_write::tests(),
+        proxy_faults::tests(),
+        backends::tests(),
+        restart::tests(),
+        external::tests(),
+        cleanup::tests(),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|(name, f)| (name.trim_start_matches("integration::"), f))
+    .collect();
+
+    if args.list {
+        let trials = all
+            .iter()
+            .map(|(name, _)| Trial::test(*name, || Ok(())))
+            .collect();
+        return libtest_mimic::run(&args, trials).exit_code();
+    }
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let bed = match runtime.block_on(async { TestBedBuilder::from_env()?.start().await }) {
+        Ok(bed) => bed,
+        Err(err) => {
+            eprintln!("cannot start the test bed: {err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    eprintln!(
+        "test bed {} up in {:.1?} ({})",
+        bed.id(),
+        bed.startup_time(),
+        bed.toxiproxy().url()
+    );
+    let fixture = Arc::new(Fixture { runtime, bed });
+
+    let trials = all
+        .into_iter()
+        .map(|(name, test)| {
+            let fixture = fixture.clone();
+            Trial::test(name, move || {
+                let Fixture { runtime, bed } = &*fixture;
+                runtime
+                    .block_on(test(bed))
+                    .map_err(|err| Failed::from(format!("{err:#}")))
+            })
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+
+    let Ok(Fixture { runtime, bed }) = Arc::try_unwrap(fixture) else {
+        eprintln!("a test still holds the test bed");
+        return std::process::ExitCode::FAILURE;
+    };
+    runtime.block_on(bed.shutdown());
+    // The whole run must leave no container of this process behind.
+    let me = reaper::Owner::current();
+    match reaper::list_managed() {
+        Ok(left) => {
+            let mine: Vec<_> = left.iter().filter(|c| c.owner == me).collect();
+            if !mine.is_empty() {
+                eprintln!("containers left behind by this run: {mine:?}");
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+        Err(err) => {
+            eprintln!("cannot list containers after the run: {err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+    conclusion.exit_code()
+}
