@@ -2,31 +2,64 @@
 //! output is a deterministic function of (input, version) that names its version
 //! ([`crate::contract::model_output`]), so a stored result proves which model produced it.
 //!
-//! Behaviour is programmable per case: a case's requests are recognised by the namespace prefix of
-//! their idempotency key, and a case-scoped mock (delay, HTTP failure, fail the first N calls)
-//! overrides the default answer for that case only, so cases sharing one backend never see each
-//! other's faults. The request journal is wiremock's own, read back for the checkers.
+//! Behaviour is programmable per case: a case's requests are recognised by the key prefix of their
+//! idempotency key, and a program (delay, HTTP failure, fail the first N calls) changes the answer
+//! for that case only, so cases sharing one backend never see each other's faults. The request
+//! journal is wiremock's own, read back for the checkers.
+//!
+//! Programs live in a table the one mounted responder consults, not in scoped wiremock mocks:
+//! wiremock 0.6 sorts its mocks by priority in place while scoped-mock guards remember their
+//! index, so dropping a high-priority scoped mock can switch off the default one.
 
 use crate::contract::{InferRequest, InferResponse, model_output};
 use crate::{Error, Result};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use wiremock::matchers::{method, path};
-use wiremock::{Match, Mock, MockGuard, MockServer, Request, Respond, ResponseTemplate};
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
 /// The inference endpoint every backend serves.
 pub const INFER_PATH: &str = "/v1/infer";
-
-/// Priority of case-scoped mocks: wiremock answers with the matching mock of lowest number.
-const CASE_PRIORITY: u8 = 1;
-/// Priority of the default deterministic answer.
-const DEFAULT_PRIORITY: u8 = 10;
 
 /// One model backend serving one version.
 pub struct ModelBackend {
     server: MockServer,
     name: String,
     version: String,
+    programs: Arc<Programs>,
+}
+
+/// Per-case programs, newest first wins.
+#[derive(Debug, Default)]
+struct Programs {
+    next_id: AtomicU64,
+    entries: Mutex<Vec<Program>>,
+}
+
+#[derive(Debug)]
+struct Program {
+    id: u64,
+    prefix: String,
+    behaviour: Behaviour,
+    /// Failures left for [`Behaviour::FailFirst`].
+    failures_left: u64,
+}
+
+/// Keeps a program active; dropping it removes the program.
+#[derive(Debug)]
+pub struct ProgramGuard {
+    programs: Arc<Programs>,
+    id: u64,
+}
+
+impl Drop for ProgramGuard {
+    fn drop(&mut self) {
+        if let Ok(mut entries) = self.programs.entries.lock() {
+            entries.retain(|p| p.id != self.id);
+        }
+    }
 }
 
 impl std::fmt::Debug for ModelBackend {
@@ -39,38 +72,48 @@ impl std::fmt::Debug for ModelBackend {
     }
 }
 
-/// Answers like a model of `version`, after an optional delay.
+/// Answers like a model of `version`, unless a program of the request's case says otherwise.
 #[derive(Debug, Clone)]
 struct InferResponder {
     version: String,
-    delay: Option<Duration>,
+    programs: Arc<Programs>,
+}
+
+impl InferResponder {
+    fn answer(&self, infer: &InferRequest) -> ResponseTemplate {
+        ResponseTemplate::new(200).set_body_json(InferResponse {
+            output: model_output(&infer.input, &self.version),
+            model_version: self.version.clone(),
+        })
+    }
 }
 
 impl Respond for InferResponder {
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        let template = match serde_json::from_slice::<InferRequest>(&request.body) {
-            Ok(infer) => ResponseTemplate::new(200).set_body_json(InferResponse {
-                output: model_output(&infer.input, &self.version),
-                model_version: self.version.clone(),
-            }),
-            Err(err) => ResponseTemplate::new(400)
-                .set_body_json(serde_json::json!({ "error": format!("bad request: {err}") })),
+        let infer = match serde_json::from_slice::<InferRequest>(&request.body) {
+            Ok(infer) => infer,
+            Err(err) => {
+                return ResponseTemplate::new(400)
+                    .set_body_json(serde_json::json!({ "error": format!("bad request: {err}") }));
+            }
         };
-        match self.delay {
-            Some(delay) => template.set_delay(delay),
-            None => template,
+        let mut entries = self.programs.entries.lock().expect("poisoned");
+        let program = entries
+            .iter_mut()
+            .rev()
+            .find(|p| infer.idempotency_key.starts_with(&p.prefix));
+        let Some(program) = program else {
+            return self.answer(&infer);
+        };
+        match program.behaviour {
+            Behaviour::Delay(delay) => self.answer(&infer).set_delay(delay),
+            Behaviour::Fail { status } => error_template(status),
+            Behaviour::FailFirst { status, .. } if program.failures_left > 0 => {
+                program.failures_left -= 1;
+                error_template(status)
+            }
+            Behaviour::FailFirst { .. } => self.answer(&infer),
         }
-    }
-}
-
-/// Matches requests of one case: the idempotency key starts with the case's namespace.
-#[derive(Debug, Clone)]
-struct CaseScope(String);
-
-impl Match for CaseScope {
-    fn matches(&self, request: &Request) -> bool {
-        serde_json::from_slice::<InferRequest>(&request.body)
-            .is_ok_and(|infer| infer.idempotency_key.starts_with(&self.0))
     }
 }
 
@@ -110,13 +153,13 @@ impl ModelBackend {
     /// Starts a backend named `name` (e.g. `model-backend-A`) serving `version`.
     pub async fn start(name: &str, version: &str) -> ModelBackend {
         let server = MockServer::builder().start().await;
+        let programs = Arc::new(Programs::default());
         Mock::given(method("POST"))
             .and(path(INFER_PATH))
             .respond_with(InferResponder {
                 version: version.to_owned(),
-                delay: None,
+                programs: programs.clone(),
             })
-            .with_priority(DEFAULT_PRIORITY)
             .named(format!("{name} serves {version}"))
             .mount(&server)
             .await;
@@ -124,6 +167,7 @@ impl ModelBackend {
             server,
             name: name.to_owned(),
             version: version.to_owned(),
+            programs,
         }
     }
 
@@ -143,28 +187,40 @@ impl ModelBackend {
     }
 
     /// Programs `behaviour` for the calls of the case whose idempotency keys start with
-    /// `case_prefix`. The program lasts as long as the returned guard.
-    pub async fn program(&self, case_prefix: &str, behaviour: Behaviour) -> Result<MockGuard> {
+    /// `case_prefix` (a case's key prefix, e.g. [`crate::contract::Keys::prefix`]). The newest
+    /// program of a case wins; it lasts as long as the returned guard.
+    pub async fn program(&self, case_prefix: &str, behaviour: Behaviour) -> Result<ProgramGuard> {
         if case_prefix.is_empty() {
             return Err(Error::Backend(
                 "a case program needs a non-empty idempotency-key prefix".to_owned(),
             ));
         }
-        let mock = Mock::given(method("POST"))
-            .and(path(INFER_PATH))
-            .and(CaseScope(case_prefix.to_owned()));
-        let mock = match behaviour {
-            Behaviour::Delay(delay) => mock.respond_with(InferResponder {
-                version: self.version.clone(),
-                delay: Some(delay),
-            }),
-            Behaviour::Fail { status } => mock.respond_with(error_template(status)?),
-            Behaviour::FailFirst { status, calls } => mock
-                .respond_with(error_template(status)?)
-                .up_to_n_times(calls),
-        }
-        .with_priority(CASE_PRIORITY);
-        Ok(mock.mount_as_scoped(&self.server).await)
+        let failures_left = match behaviour {
+            Behaviour::Fail { status } | Behaviour::FailFirst { status, .. }
+                if !(400..=599).contains(&status) =>
+            {
+                return Err(Error::Backend(format!(
+                    "failure status must be 4xx or 5xx, got {status}"
+                )));
+            }
+            Behaviour::FailFirst { calls, .. } => calls,
+            _ => 0,
+        };
+        let id = self.programs.next_id.fetch_add(1, Ordering::Relaxed);
+        self.programs
+            .entries
+            .lock()
+            .expect("poisoned")
+            .push(Program {
+                id,
+                prefix: case_prefix.to_owned(),
+                behaviour,
+                failures_left,
+            });
+        Ok(ProgramGuard {
+            programs: self.programs.clone(),
+            id,
+        })
     }
 
     /// Every call received so far, optionally only those of one case.
@@ -190,14 +246,9 @@ impl ModelBackend {
     }
 }
 
-fn error_template(status: u16) -> Result<ResponseTemplate> {
-    if !(400..=599).contains(&status) {
-        return Err(Error::Backend(format!(
-            "failure status must be 4xx or 5xx, got {status}"
-        )));
-    }
-    Ok(ResponseTemplate::new(status)
-        .set_body_json(serde_json::json!({ "error": format!("injected HTTP {status}") })))
+fn error_template(status: u16) -> ResponseTemplate {
+    ResponseTemplate::new(status)
+        .set_body_json(serde_json::json!({ "error": format!("injected HTTP {status}") }))
 }
 
 #[cfg(test)]

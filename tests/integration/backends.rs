@@ -13,6 +13,7 @@ async fn each_version_answers_through_its_proxy_and_the_journal_records_every_ca
 ) -> anyhow::Result<()> {
     let _shared = bed.shared().await;
     let namespace = crate::namespace("backends");
+    let case_prefix = format!("{namespace}:");
     let http = reqwest::Client::new();
     let call = |version: &str| {
         let url = format!(
@@ -54,13 +55,13 @@ async fn each_version_answers_through_its_proxy_and_the_journal_records_every_ca
     anyhow::ensure!(call("v1").await?.status() == 200);
     drop(fail);
     let _slow = backend
-        .program(&namespace, Behaviour::Delay(Duration::from_millis(250)))
+        .program(&case_prefix, Behaviour::Delay(Duration::from_millis(250)))
         .await?;
     let started = Instant::now();
     anyhow::ensure!(call("v1").await?.status() == 200);
     anyhow::ensure!(started.elapsed() >= Duration::from_millis(250));
 
-    let journal = backend.journal(Some(&namespace)).await;
+    let journal = backend.journal(Some(&case_prefix)).await;
     anyhow::ensure!(
         journal.len() == 5,
         "v1 journal for this case has {} calls, expected 5",
@@ -70,8 +71,8 @@ async fn each_version_answers_through_its_proxy_and_the_journal_records_every_ca
         e.model_version == "v1"
             && e.request
                 .as_ref()
-                .is_some_and(|r| r.idempotency_key.starts_with(&namespace))
+                .is_some_and(|r| r.idempotency_key.starts_with(&case_prefix))
     }));
-    anyhow::ensure!(bed.backend("v2")?.journal(Some(&namespace)).await.len() == 1);
+    anyhow::ensure!(bed.backend("v2")?.journal(Some(&case_prefix)).await.len() == 1);
     Ok(())
 }

@@ -13,6 +13,7 @@ mod cleanup;
 mod external;
 mod fenced_write;
 mod lease;
+mod pipeline;
 mod proxy_faults;
 mod restart;
 
@@ -59,6 +60,7 @@ fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
     let all: Vec<(&'static str, TestFn)> = [
         lease::tests(),
+        pipeline::tests(),
         fenced_write::tests(),
         proxy_faults::tests(),
         backends::tests(),

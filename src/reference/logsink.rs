@@ -1,0 +1,81 @@
+//! Where the reference pipeline's log lines go: kept in memory for the checkers and tests, echoed
+//! as logfmt or JSON when asked, and mirrored as `tracing` events with the same fields.
+
+use crate::contract::log::{Level, LogLine, timestamp_now};
+use std::sync::{Arc, Mutex};
+
+/// How lines are echoed to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Echo {
+    /// Not echoed.
+    Off,
+    /// logfmt, as in the seed.
+    Logfmt,
+    /// One JSON object per line.
+    Json,
+}
+
+/// A shared, append-only log of lines.
+#[derive(Debug, Clone)]
+pub struct LogSink {
+    lines: Arc<Mutex<Vec<LogLine>>>,
+    echo: Echo,
+}
+
+impl Default for LogSink {
+    fn default() -> Self {
+        LogSink::new(Echo::Off)
+    }
+}
+
+impl LogSink {
+    /// An empty log.
+    pub fn new(echo: Echo) -> LogSink {
+        LogSink {
+            lines: Arc::new(Mutex::new(Vec::new())),
+            echo,
+        }
+    }
+
+    /// Appends a line stamped now.
+    pub fn emit(&self, level: Level, fields: Vec<(String, String)>) {
+        let line = LogLine {
+            ts: timestamp_now(),
+            level,
+            fields,
+        };
+        match self.echo {
+            Echo::Off => {}
+            Echo::Logfmt => eprintln!("{}", line.to_logfmt()),
+            Echo::Json => eprintln!("{}", line.to_json()),
+        }
+        tracing::debug!(target: "racecert::worker", line = %line.to_logfmt());
+        self.lines.lock().expect("poisoned").push(line);
+    }
+
+    /// Every line so far.
+    pub fn lines(&self) -> Vec<LogLine> {
+        self.lines.lock().expect("poisoned").clone()
+    }
+
+    /// Lines whose `field` equals `value`.
+    pub fn matching(&self, field: &str, value: &str) -> Vec<LogLine> {
+        self.lines
+            .lock()
+            .expect("poisoned")
+            .iter()
+            .filter(|l| l.get(field) == Some(value))
+            .cloned()
+            .collect()
+    }
+
+    /// The status words so far, in order.
+    pub fn statuses(&self) -> Vec<String> {
+        self.lines
+            .lock()
+            .expect("poisoned")
+            .iter()
+            .filter_map(|l| l.status().map(str::to_owned))
+            .collect()
+    }
+}

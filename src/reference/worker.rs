@@ -1,0 +1,859 @@
+//! The reference worker: the seed's safe flow (`processInferenceJob`), one delivery at a time.
+//!
+//! Per job: acquire the lease (skip as a duplicate if held) -> move the job to IN_PROGRESS with
+//! the lease token and a new, strictly larger generation (fencing) -> version-aware cache key ->
+//! on a hit, mark succeeded if still owner -> else call its backend through the proxy, cache the
+//! result in its version's namespace, commit the final write with compare-and-set (status
+//! IN_PROGRESS, lease token matches, generation larger than stored) -> ack after the commit ->
+//! release the lease only if the token is still ours. A rejected write is logged
+//! `late_write_rejected` and its result discarded.
+//!
+//! The worker is bound to one model version for its lifetime: its configuration is a snapshot
+//! taken at start. Each [`Defect`] switches one of these protections off, faithfully re-creating
+//! a root cause of the seed.
+
+use crate::contract::log::{Level, status};
+use crate::contract::{InferRequest, InferResponse, Keys, sha256_hex};
+use crate::reference::checkpoints::{Checkpoint, Checkpoints, Directive};
+use crate::reference::defects::{Defect, Defects};
+use crate::reference::logsink::LogSink;
+use crate::reference::queue::{Delivery, Queue};
+use crate::{Error, Result};
+use rand::{RngExt, SeedableRng};
+use redis::AsyncCommands;
+use redis::aio::ConnectionManager;
+use sqlx::PgPool;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A model backend as a worker's configuration names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendEndpoint {
+    /// Name for logs (`backend_endpoint`), e.g. `model-a`.
+    pub name: String,
+    /// Base URL, through the proxy.
+    pub url: String,
+}
+
+/// A worker's configuration, snapshotted at start.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    worker_id: String,
+    model_version: String,
+    backends: BTreeMap<String, BackendEndpoint>,
+    lease_ttl: Duration,
+    visibility_timeout: Duration,
+    backend_timeout: Duration,
+    upstream_warn_after: Duration,
+    cache_ttl: Duration,
+    defects: Defects,
+    seed: u64,
+}
+
+/// Builds a [`WorkerConfig`]; [`WorkerConfigBuilder::build`] refuses settings that cannot work.
+#[derive(Debug, Clone)]
+pub struct WorkerConfigBuilder {
+    config: WorkerConfig,
+}
+
+impl WorkerConfig {
+    /// A worker `worker_id` bound to `model_version`. `backends` maps every version to its
+    /// endpoint (the worker uses its own; the re-read-version defect may use others).
+    pub fn builder(
+        worker_id: &str,
+        model_version: &str,
+        backends: impl IntoIterator<Item = (String, BackendEndpoint)>,
+    ) -> WorkerConfigBuilder {
+        WorkerConfigBuilder {
+            config: WorkerConfig {
+                worker_id: worker_id.to_owned(),
+                model_version: model_version.to_owned(),
+                backends: backends.into_iter().collect(),
+                lease_ttl: Duration::from_secs(30),
+                visibility_timeout: Duration::from_secs(30),
+                backend_timeout: Duration::from_secs(5),
+                upstream_warn_after: Duration::from_secs(2),
+                cache_ttl: Duration::from_secs(3600),
+                defects: Defects::none(),
+                seed: 0,
+            },
+        }
+    }
+
+    /// The worker id.
+    pub fn worker_id(&self) -> &str {
+        &self.worker_id
+    }
+
+    /// The version it is bound to.
+    pub fn model_version(&self) -> &str {
+        &self.model_version
+    }
+
+    /// Its defects.
+    pub fn defects(&self) -> &Defects {
+        &self.defects
+    }
+}
+
+impl WorkerConfigBuilder {
+    /// Lease time-to-live.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.config.lease_ttl = ttl;
+        self
+    }
+
+    /// Queue visibility timeout: an unacknowledged delivery is redelivered after it.
+    pub fn visibility_timeout(mut self, timeout: Duration) -> Self {
+        self.config.visibility_timeout = timeout;
+        self
+    }
+
+    /// Hard timeout of a backend call.
+    pub fn backend_timeout(mut self, timeout: Duration) -> Self {
+        self.config.backend_timeout = timeout;
+        self
+    }
+
+    /// After this long without an answer the worker logs `timeout_waiting_upstream` and keeps
+    /// waiting (up to the hard timeout), as the seed's worker does.
+    pub fn upstream_warn_after(mut self, after: Duration) -> Self {
+        self.config.upstream_warn_after = after;
+        self
+    }
+
+    /// Cache entry time-to-live.
+    pub fn cache_ttl(mut self, ttl: Duration) -> Self {
+        self.config.cache_ttl = ttl;
+        self
+    }
+
+    /// Defects to switch on.
+    pub fn defects(mut self, defects: Defects) -> Self {
+        self.config.defects = defects;
+        self
+    }
+
+    /// Seed of the worker's randomness (only the random-id defect draws from it).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.config.seed = seed;
+        self
+    }
+
+    /// Checks the configuration. A visibility timeout or lease shorter than the backend timeout
+    /// would make every slow call a retry overlap: that is a fault to inject on purpose, not a
+    /// setting.
+    pub fn build(self) -> Result<WorkerConfig> {
+        let c = &self.config;
+        let bad =
+            |message: String| Err(Error::Config(format!("worker {}: {message}", c.worker_id)));
+        if c.worker_id.is_empty() || c.worker_id.contains(char::is_whitespace) {
+            return bad("worker id must be non-empty without spaces".into());
+        }
+        if !c.backends.contains_key(&c.model_version) {
+            return bad(format!(
+                "no backend endpoint for its own version {:?}",
+                c.model_version
+            ));
+        }
+        if c.lease_ttl.is_zero() || c.backend_timeout.is_zero() {
+            return bad("lease TTL and backend timeout must be positive".into());
+        }
+        if c.visibility_timeout <= c.backend_timeout {
+            return bad(format!(
+                "visibility timeout {:?} must exceed the backend timeout {:?}",
+                c.visibility_timeout, c.backend_timeout
+            ));
+        }
+        if c.lease_ttl <= c.backend_timeout {
+            return bad(format!(
+                "lease TTL {:?} must exceed the backend timeout {:?}",
+                c.lease_ttl, c.backend_timeout
+            ));
+        }
+        if c.upstream_warn_after > c.backend_timeout {
+            return bad("the upstream warning must come before the hard timeout".into());
+        }
+        Ok(self.config)
+    }
+}
+
+/// Connections a worker uses; shared by all workers of a suite (cheap clones).
+#[derive(Clone)]
+pub struct Infra {
+    /// Redis, through the proxy (reconnects after restarts and partitions).
+    pub redis: ConnectionManager,
+    /// Postgres, through the proxy.
+    pub pg: PgPool,
+    /// HTTP client for the backends.
+    pub http: reqwest::Client,
+}
+
+impl std::fmt::Debug for Infra {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Infra").finish_non_exhaustive()
+    }
+}
+
+impl Infra {
+    /// Connects to Redis and Postgres at the given (proxied) URLs.
+    pub async fn connect(redis_url: &str, database_url: &str) -> Result<Infra> {
+        let client = redis::Client::open(redis_url)?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(5)))
+            .set_number_of_retries(2);
+        let redis = ConnectionManager::new_with_config(client, config).await?;
+        let pg = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(database_url)
+            .await?;
+        Ok(Infra {
+            redis,
+            pg,
+            http: reqwest::Client::new(),
+        })
+    }
+}
+
+/// How processing one delivery ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The final write was accepted.
+    Succeeded {
+        /// Generation of the final write.
+        generation: i64,
+        /// Whether the output came from the cache.
+        from_cache: bool,
+    },
+    /// The final write landed on a job another attempt had completed (unfenced defect only).
+    Overwrote {
+        /// Version of the result that was overwritten.
+        previous_version: Option<String>,
+    },
+    /// The fenced final write was rejected; the result was discarded.
+    LateWriteRejected,
+    /// Another attempt holds the lease; skipped, not acknowledged.
+    DuplicateSkipped,
+    /// The job was already terminal.
+    AlreadyCompleted,
+    /// The active version is not this worker's: declined, not acknowledged; the worker drains.
+    Declined,
+    /// The backend call failed; the lease was released and the delivery left for redelivery.
+    UpstreamFailed,
+    /// A checkpoint crashed the worker here; nothing was cleaned up.
+    Crashed(Checkpoint),
+}
+
+/// The fields every log line of one attempt carries.
+#[derive(Debug, Clone)]
+struct Attempt {
+    request_id: String,
+    job_id: String,
+    key: String,
+    attempt: u64,
+    receive_count: u64,
+    model_version: String,
+    backend_endpoint: String,
+    cache_key: String,
+}
+
+/// Why a flow step stopped early.
+enum Stop {
+    Crash(Checkpoint),
+    Error(Error),
+}
+
+impl From<Error> for Stop {
+    fn from(err: Error) -> Stop {
+        Stop::Error(err)
+    }
+}
+impl From<sqlx::Error> for Stop {
+    fn from(err: sqlx::Error) -> Stop {
+        Stop::Error(err.into())
+    }
+}
+impl From<redis::RedisError> for Stop {
+    fn from(err: redis::RedisError) -> Stop {
+        Stop::Error(err.into())
+    }
+}
+
+/// A reference worker.
+pub struct Worker {
+    config: WorkerConfig,
+    infra: Infra,
+    queue: Queue,
+    keys: Keys,
+    checkpoints: Checkpoints,
+    log: LogSink,
+    draining: AtomicBool,
+    lease_seq: AtomicU64,
+    rng: Mutex<rand::rngs::StdRng>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("id", &self.config.worker_id)
+            .field("version", &self.config.model_version)
+            .finish()
+    }
+}
+
+/// Compare-and-delete: release the lease only if it still holds our token.
+const RELEASE_LEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0";
+
+impl Worker {
+    /// A worker on the queue of `keys`.
+    pub async fn new(
+        config: WorkerConfig,
+        infra: Infra,
+        keys: Keys,
+        checkpoints: Checkpoints,
+        log: LogSink,
+    ) -> Result<Worker> {
+        let queue = Queue::open(infra.redis.clone(), &keys).await?;
+        let seed = config.seed
+            ^ u64::from_str_radix(&sha256_hex(&config.worker_id)[..16], 16).unwrap_or(0);
+        Ok(Worker {
+            rng: Mutex::new(rand::rngs::StdRng::seed_from_u64(seed)),
+            config,
+            infra,
+            queue,
+            keys,
+            checkpoints,
+            log,
+            draining: AtomicBool::new(false),
+            lease_seq: AtomicU64::new(0),
+        })
+    }
+
+    /// The worker id.
+    pub fn id(&self) -> &str {
+        &self.config.worker_id
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &WorkerConfig {
+        &self.config
+    }
+
+    /// Stops taking new jobs; deliveries already received are finished.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether it is draining.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Receives the next delivery (a redelivery whose visibility timeout expired first), unless
+    /// draining.
+    pub async fn receive(&self) -> Result<Option<Delivery>> {
+        if self.is_draining() {
+            return Ok(None);
+        }
+        let mut queue = self.queue.clone();
+        queue
+            .receive(&self.config.worker_id, self.config.visibility_timeout)
+            .await
+    }
+
+    /// Claims a delivered-but-unacknowledged job right away, as if its visibility timeout had
+    /// expired: how a schedule makes a redelivery happen without waiting for the clock.
+    pub async fn receive_redelivery(&self) -> Result<Option<Delivery>> {
+        let mut queue = self.queue.clone();
+        queue
+            .claim_stale(&self.config.worker_id, Duration::ZERO)
+            .await
+    }
+
+    /// Receives and processes one delivery; `None` when there was nothing to do.
+    pub async fn poll_once(&self) -> Result<Option<Outcome>> {
+        match self.receive().await? {
+            Some(delivery) => Ok(Some(self.process(delivery).await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Processes deliveries until the queue has nothing for this worker.
+    pub async fn run_until_idle(&self) -> Result<Vec<Outcome>> {
+        let mut outcomes = Vec::new();
+        while let Some(outcome) = self.poll_once().await? {
+            outcomes.push(outcome);
+        }
+        Ok(outcomes)
+    }
+
+    fn log(&self, level: Level, attempt: &Attempt, status_word: &str, extra: &[(&str, String)]) {
+        let mut fields = vec![
+            ("request_id".to_owned(), attempt.request_id.clone()),
+            ("job_id".to_owned(), attempt.job_id.clone()),
+            ("idempotency_key".to_owned(), attempt.key.clone()),
+            ("attempt".to_owned(), attempt.attempt.to_string()),
+            ("worker_id".to_owned(), self.config.worker_id.clone()),
+            ("model_version".to_owned(), attempt.model_version.clone()),
+            (
+                "backend_endpoint".to_owned(),
+                attempt.backend_endpoint.clone(),
+            ),
+            ("cache_key".to_owned(), attempt.cache_key.clone()),
+            (
+                "queue_receive_count".to_owned(),
+                attempt.receive_count.to_string(),
+            ),
+            ("status".to_owned(), status_word.to_owned()),
+        ];
+        fields.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+        self.log.emit(level, fields);
+    }
+
+    async fn checkpoint(&self, at: Checkpoint) -> std::result::Result<(), Stop> {
+        match self.checkpoints.reached(&self.config.worker_id, at).await {
+            Directive::Continue => Ok(()),
+            Directive::Crash => Err(Stop::Crash(at)),
+        }
+    }
+
+    /// The active-version pointer, if set.
+    async fn active_version(&self) -> Result<Option<String>> {
+        let mut redis = self.infra.redis.clone();
+        Ok(redis.get(self.keys.active_version()).await?)
+    }
+
+    /// The version to use at a step: the bound one, or (re-read defect) whatever the pointer says
+    /// right now.
+    async fn step_version(&self) -> Result<String> {
+        if self.config.defects.has(Defect::RereadActiveVersion) {
+            Ok(self
+                .active_version()
+                .await?
+                .unwrap_or_else(|| self.config.model_version.clone()))
+        } else {
+            Ok(self.config.model_version.clone())
+        }
+    }
+
+    fn endpoint(&self, version: &str) -> Result<&BackendEndpoint> {
+        self.config.backends.get(version).ok_or_else(|| {
+            Error::Config(format!(
+                "worker {} has no backend for version {version}",
+                self.config.worker_id
+            ))
+        })
+    }
+
+    fn cache_key(&self, version: &str, input: &str) -> String {
+        if self.config.defects.unversioned_cache() {
+            // The seed's bug: the key is the input alone.
+            format!("{}inf:{}", self.keys.prefix(), sha256_hex(input))
+        } else {
+            self.keys.cache(version, input)
+        }
+    }
+
+    /// Processes one delivery through the whole flow. Errors from Redis, Postgres or the backend
+    /// (partitions, restarts) end the attempt with an error and leave the delivery unacknowledged,
+    /// so the queue redelivers it.
+    pub async fn process(&self, delivery: Delivery) -> Result<Outcome> {
+        let result = match self.flow(&delivery).await {
+            Ok(outcome) => Ok(outcome),
+            Err(Stop::Crash(at)) => {
+                tracing::debug!(worker = %self.config.worker_id, %at, "crashed at checkpoint");
+                return Ok(Outcome::Crashed(at));
+            }
+            Err(Stop::Error(err)) => Err(err),
+        };
+        // Every way out but a crash passes `Done`, so a harness waiting for a later checkpoint
+        // learns at once that the delivery ended early (a duplicate, a failed call, an error).
+        let _ = self
+            .checkpoints
+            .reached(&self.config.worker_id, Checkpoint::Done)
+            .await;
+        result
+    }
+
+    async fn flow(&self, delivery: &Delivery) -> std::result::Result<Outcome, Stop> {
+        let job = &delivery.job;
+        let mut redis = self.infra.redis.clone();
+        let mut queue = self.queue.clone();
+        let version = self.config.model_version.clone();
+        let mut attempt = Attempt {
+            request_id: job.request_id.clone(),
+            job_id: job.job_id.clone(),
+            key: job.idempotency_key.clone(),
+            attempt: delivery.receive_count,
+            receive_count: delivery.receive_count,
+            backend_endpoint: self.endpoint(&version)?.name.clone(),
+            model_version: version.clone(),
+            cache_key: "-".to_owned(),
+        };
+        self.checkpoint(Checkpoint::Received).await?;
+        let received = if delivery.receive_count > 1 {
+            status::RETRY_DISPATCHED
+        } else {
+            status::JOB_RECEIVED
+        };
+        self.log(Level::Info, &attempt, received, &[]);
+
+        // The seed's "new random job id per retry": the retry becomes a job of its own.
+        if self.config.defects.has(Defect::RandomIdPerRetry) && delivery.receive_count > 1 {
+            let fresh: u64 = self.rng.lock().expect("poisoned").random();
+            attempt.key = format!("{}idem-retry-{fresh:016x}", self.keys.prefix());
+            attempt.job_id = format!("job-{fresh:012x}");
+            sqlx::query(
+                "INSERT INTO inference_jobs (idempotency_key, request_id, job_id) VALUES ($1, $2, $3)
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(&attempt.key)
+            .bind(&attempt.request_id)
+            .bind(&attempt.job_id)
+            .execute(&self.infra.pg)
+            .await?;
+        }
+
+        // Bound to its version for life: read the pointer once, explicitly, and decline a job
+        // meant for another version (and drain) instead of switching mid-flight.
+        if !self.config.defects.has(Defect::RereadActiveVersion)
+            && let Some(active) = self.active_version().await?
+            && active != version
+        {
+            self.drain();
+            self.log(
+                Level::Info,
+                &attempt,
+                status::VERSION_DECLINED,
+                &[("active_model_version", active)],
+            );
+            return Ok(Outcome::Declined);
+        }
+
+        // Lease.
+        let token = format!(
+            "{}:{}",
+            self.config.worker_id,
+            self.lease_seq.fetch_add(1, Ordering::Relaxed)
+        );
+        let lease_key = self.keys.lease(&attempt.key);
+        let acquired: Option<String> = redis::cmd("SET")
+            .arg(&lease_key)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(self.config.lease_ttl.as_millis() as u64)
+            .query_async(&mut redis)
+            .await?;
+        if acquired.is_some() {
+            self.log(
+                Level::Info,
+                &attempt,
+                status::LEASE_ACQUIRED,
+                &[("lease_token", token.clone())],
+            );
+        } else if !self.config.defects.has(Defect::RetryWithoutDedupe) {
+            self.log(Level::Info, &attempt, status::DUPLICATE_SKIPPED, &[]);
+            return Ok(Outcome::DuplicateSkipped);
+        }
+        self.checkpoint(Checkpoint::AfterLease).await?;
+
+        // Take the job: IN_PROGRESS, our token, a strictly larger generation.
+        let generation: Option<i64> = sqlx::query_scalar(
+            "UPDATE inference_jobs
+             SET status = 'IN_PROGRESS', lease_token = $2, generation = generation + 1,
+                 attempt = $3, worker_id = $4, model_version = $5, updated_at = clock_timestamp()
+             WHERE idempotency_key = $1 AND status IN ('PENDING', 'IN_PROGRESS')
+             RETURNING generation",
+        )
+        .bind(&attempt.key)
+        .bind(&token)
+        .bind(attempt.attempt as i32)
+        .bind(&self.config.worker_id)
+        .bind(&version)
+        .fetch_optional(&self.infra.pg)
+        .await?;
+        let Some(generation) = generation else {
+            self.log(Level::Info, &attempt, status::ALREADY_COMPLETED, &[]);
+            self.ack(&mut queue, delivery, &attempt).await?;
+            self.release(&mut redis, &lease_key, &token, &attempt)
+                .await?;
+            return Ok(Outcome::AlreadyCompleted);
+        };
+        self.log(
+            Level::Info,
+            &attempt,
+            status::JOB_TAKEN,
+            &[("generation", generation.to_string())],
+        );
+        let mut acked = false;
+        if self.config.defects.has(Defect::AckBeforeFinalWrite) {
+            self.ack(&mut queue, delivery, &attempt).await?;
+            acked = true;
+        }
+        self.checkpoint(Checkpoint::AfterTake).await?;
+
+        // Cache.
+        let cache_version = self.step_version().await?;
+        attempt.cache_key = self.cache_key(&cache_version, &job.input);
+        let cached: Option<String> = redis.get(&attempt.cache_key).await?;
+        let (output, from_cache) = match cached {
+            Some(output) => {
+                self.log(Level::Info, &attempt, status::CACHE_HIT, &[]);
+                self.checkpoint(Checkpoint::AfterCacheRead).await?;
+                (output, true)
+            }
+            None => {
+                self.log(Level::Info, &attempt, status::CACHE_MISS, &[]);
+                self.checkpoint(Checkpoint::AfterCacheRead).await?;
+                self.checkpoint(Checkpoint::BeforeBackendCall).await?;
+                let call_version = self.step_version().await?;
+                let endpoint = self.endpoint(&call_version)?.clone();
+                attempt.backend_endpoint = endpoint.name.clone();
+                self.log(Level::Info, &attempt, status::INFERENCE_STARTED, &[]);
+                let output = match self.call_backend(&endpoint, job, &attempt).await {
+                    Ok(output) => output,
+                    Err(err) => {
+                        self.log(
+                            Level::Warn,
+                            &attempt,
+                            status::UPSTREAM_FAILED,
+                            &[("error", err.to_string())],
+                        );
+                        self.release(&mut redis, &lease_key, &token, &attempt)
+                            .await?;
+                        return Ok(Outcome::UpstreamFailed);
+                    }
+                };
+                self.checkpoint(Checkpoint::AfterBackendCall).await?;
+                self.checkpoint(Checkpoint::BeforeCacheWrite).await?;
+                let _: () = redis
+                    .set_ex(
+                        &attempt.cache_key,
+                        &output,
+                        self.config.cache_ttl.as_secs().max(1),
+                    )
+                    .await?;
+                self.log(Level::Info, &attempt, status::CACHE_WRITTEN, &[]);
+                (output, false)
+            }
+        };
+
+        // Final write.
+        self.checkpoint(Checkpoint::BeforeFinalWrite).await?;
+        let record_version = self.step_version().await?;
+        let outcome = if self.config.defects.has(Defect::UnfencedFinalWrite) {
+            self.unfenced_write(&attempt, &token, &record_version, &output, from_cache)
+                .await?
+        } else {
+            self.fenced_write(
+                &attempt,
+                &token,
+                generation,
+                &record_version,
+                &output,
+                from_cache,
+            )
+            .await?
+        };
+        self.checkpoint(Checkpoint::AfterFinalWrite).await?;
+        self.checkpoint(Checkpoint::BeforeAck).await?;
+        if !acked {
+            self.ack(&mut queue, delivery, &attempt).await?;
+        }
+        self.checkpoint(Checkpoint::BeforeRelease).await?;
+        self.release(&mut redis, &lease_key, &token, &attempt)
+            .await?;
+        Ok(outcome)
+    }
+
+    async fn call_backend(
+        &self,
+        endpoint: &BackendEndpoint,
+        job: &crate::reference::queue::JobMessage,
+        attempt: &Attempt,
+    ) -> Result<String> {
+        let request = self
+            .infra
+            .http
+            .post(format!("{}/v1/infer", endpoint.url))
+            .timeout(self.config.backend_timeout)
+            .json(&InferRequest {
+                input: job.input.clone(),
+                idempotency_key: attempt.key.clone(),
+                attempt: attempt.attempt as u32,
+                worker_id: self.config.worker_id.clone(),
+            })
+            .send();
+        tokio::pin!(request);
+        let response = tokio::select! {
+            response = &mut request => response,
+            _ = tokio::time::sleep(self.config.upstream_warn_after) => {
+                // The seed's worker warns and keeps waiting: the attempt is slow, not dead.
+                self.log(Level::Warn, attempt, status::TIMEOUT_WAITING_UPSTREAM, &[]);
+                request.await
+            }
+        };
+        let answer: InferResponse = response
+            .and_then(|r| r.error_for_status())
+            .map_err(|e| Error::Backend(format!("{}: {e}", endpoint.name)))?
+            .json()
+            .await
+            .map_err(|e| Error::Backend(format!("{}: bad answer: {e}", endpoint.name)))?;
+        Ok(answer.output)
+    }
+
+    async fn fenced_write(
+        &self,
+        attempt: &Attempt,
+        token: &str,
+        generation: i64,
+        version: &str,
+        output: &str,
+        from_cache: bool,
+    ) -> Result<Outcome> {
+        let written = sqlx::query(
+            "UPDATE inference_jobs
+             SET status = 'SUCCEEDED', output = $4, model_version = $5, generation = $3,
+                 updated_at = clock_timestamp(), completed_at = clock_timestamp()
+             WHERE idempotency_key = $1 AND status = 'IN_PROGRESS' AND lease_token = $2
+               AND generation < $3",
+        )
+        .bind(&attempt.key)
+        .bind(token)
+        .bind(generation + 1)
+        .bind(output)
+        .bind(version)
+        .execute(&self.infra.pg)
+        .await?
+        .rows_affected();
+        if written == 1 {
+            self.log(
+                Level::Info,
+                attempt,
+                status::INFERENCE_SUCCEEDED,
+                &[
+                    ("write", "result_store".to_owned()),
+                    ("generation", (generation + 1).to_string()),
+                    ("from_cache", from_cache.to_string()),
+                ],
+            );
+            Ok(Outcome::Succeeded {
+                generation: generation + 1,
+                from_cache,
+            })
+        } else {
+            self.log(Level::Warn, attempt, status::LATE_WRITE_REJECTED, &[]);
+            self.log(Level::Info, attempt, status::DISCARDED_LATE_RESULT, &[]);
+            Ok(Outcome::LateWriteRejected)
+        }
+    }
+
+    /// The defect: a plain UPDATE, last writer wins; it still notices what it overwrote, so the
+    /// log says `late_success` / `overwrite_detected` like the seed's.
+    async fn unfenced_write(
+        &self,
+        attempt: &Attempt,
+        token: &str,
+        version: &str,
+        output: &str,
+        from_cache: bool,
+    ) -> Result<Outcome> {
+        let previous: Option<(String, Option<String>, i64)> = sqlx::query_as(
+            "WITH prev AS (
+                 SELECT idempotency_key, status, model_version FROM inference_jobs
+                 WHERE idempotency_key = $1 FOR UPDATE)
+             UPDATE inference_jobs j
+             SET status = 'SUCCEEDED', output = $3, model_version = $4, lease_token = $2,
+                 generation = j.generation + 1, updated_at = clock_timestamp(),
+                 completed_at = clock_timestamp()
+             FROM prev WHERE j.idempotency_key = prev.idempotency_key
+             RETURNING prev.status, prev.model_version, j.generation",
+        )
+        .bind(&attempt.key)
+        .bind(token)
+        .bind(output)
+        .bind(version)
+        .fetch_optional(&self.infra.pg)
+        .await?;
+        let Some((previous_status, previous_version, generation)) = previous else {
+            return Err(Error::other(format!(
+                "job {} vanished before its final write",
+                attempt.key
+            )));
+        };
+        if previous_status == "SUCCEEDED" {
+            self.log(
+                Level::Info,
+                attempt,
+                status::LATE_SUCCESS,
+                &[("write", "result_store".to_owned())],
+            );
+            if previous_version.as_deref() != Some(version) {
+                self.log(
+                    Level::Warn,
+                    attempt,
+                    status::OVERWRITE_DETECTED,
+                    &[
+                        (
+                            "previous_model_version",
+                            previous_version.clone().unwrap_or_default(),
+                        ),
+                        ("new_model_version", version.to_owned()),
+                    ],
+                );
+            }
+            Ok(Outcome::Overwrote { previous_version })
+        } else {
+            self.log(
+                Level::Info,
+                attempt,
+                status::INFERENCE_SUCCEEDED,
+                &[
+                    ("write", "result_store".to_owned()),
+                    ("generation", generation.to_string()),
+                    ("from_cache", from_cache.to_string()),
+                ],
+            );
+            Ok(Outcome::Succeeded {
+                generation,
+                from_cache,
+            })
+        }
+    }
+
+    async fn ack(&self, queue: &mut Queue, delivery: &Delivery, attempt: &Attempt) -> Result<()> {
+        queue.ack(&delivery.entry_id).await?;
+        self.log(Level::Info, attempt, status::ACKED, &[]);
+        Ok(())
+    }
+
+    async fn release(
+        &self,
+        redis: &mut ConnectionManager,
+        lease_key: &str,
+        token: &str,
+        attempt: &Attempt,
+    ) -> Result<()> {
+        let deleted: i64 = redis::Script::new(RELEASE_LEASE)
+            .key(lease_key)
+            .arg(token)
+            .invoke_async(redis)
+            .await?;
+        let word = if deleted == 1 {
+            status::LEASE_RELEASED
+        } else {
+            status::LEASE_LOST
+        };
+        self.log(Level::Info, attempt, word, &[]);
+        Ok(())
+    }
+}
