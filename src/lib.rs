@@ -30,10 +30,15 @@
 
 #![deny(missing_docs)]
 
+pub mod check;
 pub mod contract;
 pub mod env;
 pub mod error;
+pub mod fault;
+pub mod history;
 pub mod reference;
+pub mod schedule;
 pub mod smoke;
+pub mod suite;
 
 pub use error::{Error, Result};

@@ -271,8 +271,8 @@ fn ensure_base(config: &ImageConfig) -> Result<String> {
     if docker_with_timeout(&["pull", &config.base], Duration::from_secs(60)).is_ok() {
         return Ok(config.base.clone());
     }
-    tracing::info!(base = %config.base, "base image missing and not pullable; bootstrapping one with debootstrap");
     if !image_exists(BOOTSTRAP_BASE)? {
+        tracing::info!(base = %config.base, "base image missing and not pullable; bootstrapping one with debootstrap");
         bootstrap_rootfs_image(config, BOOTSTRAP_BASE, &[])?;
     }
     Ok(BOOTSTRAP_BASE.to_owned())
@@ -325,7 +325,37 @@ fn packaged_binary_label(reference: &str) -> Result<Option<String>> {
     Ok((!value.is_empty() && value != "<no value>").then_some(value))
 }
 
+/// The image id a reference points at now, if any.
+fn image_id(reference: &str) -> Option<String> {
+    let output = Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", reference])
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}
+
 fn docker_build(context: &Path, image: &ImageRef, base: &str) -> Result<()> {
+    let reference = image.to_string();
+    let previous = image_id(&reference);
+    docker_build_inner(context, image, base)?;
+    // A rebuild leaves the old image dangling (the proxy image is rebuilt whenever the binary
+    // changes): remove it, unless a container still uses it.
+    if let Some(previous) = previous
+        && image_id(&reference).as_deref() != Some(previous.as_str())
+    {
+        let _ = Command::new("docker")
+            .args(["rmi", &previous])
+            .stdin(Stdio::null())
+            .output();
+    }
+    Ok(())
+}
+
+fn docker_build_inner(context: &Path, image: &ImageRef, base: &str) -> Result<()> {
     let reference = image.to_string();
     let base_arg = format!("BASE={base}");
     let context_str = context.display().to_string();
@@ -339,10 +369,11 @@ fn docker_build(context: &Path, image: &ImageRef, base: &str) -> Result<()> {
         "-t".to_owned(),
         reference.clone(),
     ];
-    let binary = context.join("racecert");
-    if binary.is_file() {
+    // The digest of the binary as built (before stripping), so staleness checks compare like
+    // with like.
+    if let Ok(digest) = std::fs::read_to_string(context.join("racecert.sha256")) {
         args.push("--label".to_owned());
-        args.push(format!("{BINARY_LABEL}={}", binary_digest(&binary)?));
+        args.push(format!("{BINARY_LABEL}={}", digest.trim()));
     }
     args.push(context_str);
     let mut command = Command::new("docker");
@@ -399,6 +430,7 @@ impl BuildContext {
             Service::Proxy => {
                 write("Dockerfile", PROXY_DOCKERFILE.as_bytes())?;
                 let binary = racecert_binary()?;
+                write("racecert.sha256", binary_digest(&binary)?.as_bytes())?;
                 let target = context.dir.join("racecert");
                 std::fs::copy(&binary, &target).map_err(|err| {
                     Error::io(
@@ -406,6 +438,12 @@ impl BuildContext {
                         err,
                     )
                 })?;
+                // Debug builds carry hundreds of MB of debug info the image does not need.
+                let _ = Command::new("strip")
+                    .arg("--strip-debug")
+                    .arg(&target)
+                    .stdin(Stdio::null())
+                    .output();
             }
         }
         Ok(context)

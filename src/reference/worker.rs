@@ -607,7 +607,15 @@ impl Worker {
         let cached: Option<String> = redis.get(&attempt.cache_key).await?;
         let (output, from_cache) = match cached {
             Some(output) => {
-                self.log(Level::Info, &attempt, status::CACHE_HIT, &[]);
+                let served = crate::contract::output_version(&output)
+                    .unwrap_or("-")
+                    .to_owned();
+                self.log(
+                    Level::Info,
+                    &attempt,
+                    status::CACHE_HIT,
+                    &[("served_model_version", served)],
+                );
                 self.checkpoint(Checkpoint::AfterCacheRead).await?;
                 (output, true)
             }
@@ -651,8 +659,15 @@ impl Worker {
         self.checkpoint(Checkpoint::BeforeFinalWrite).await?;
         let record_version = self.step_version().await?;
         let outcome = if self.config.defects.has(Defect::UnfencedFinalWrite) {
-            self.unfenced_write(&attempt, &token, &record_version, &output, from_cache)
-                .await?
+            self.unfenced_write(
+                &attempt,
+                &token,
+                generation + 1,
+                &record_version,
+                &output,
+                from_cache,
+            )
+            .await?
         } else {
             self.fenced_write(
                 &attempt,
@@ -757,12 +772,15 @@ impl Worker {
         }
     }
 
-    /// The defect: a plain UPDATE, last writer wins; it still notices what it overwrote, so the
-    /// log says `late_success` / `overwrite_detected` like the seed's.
+    /// The defect: a plain UPDATE of the attempt's own generation, last writer wins (the seed's
+    /// `UPDATE .. SET generation = :generation WHERE request_id = ..` without `generation <`); it
+    /// still notices what it overwrote, so the log says `late_success` / `overwrite_detected` like
+    /// the seed's.
     async fn unfenced_write(
         &self,
         attempt: &Attempt,
         token: &str,
+        generation: i64,
         version: &str,
         output: &str,
         from_cache: bool,
@@ -773,7 +791,7 @@ impl Worker {
                  WHERE idempotency_key = $1 FOR UPDATE)
              UPDATE inference_jobs j
              SET status = 'SUCCEEDED', output = $3, model_version = $4, lease_token = $2,
-                 generation = j.generation + 1, updated_at = clock_timestamp(),
+                 generation = $5, updated_at = clock_timestamp(),
                  completed_at = clock_timestamp()
              FROM prev WHERE j.idempotency_key = prev.idempotency_key
              RETURNING prev.status, prev.model_version, j.generation",
@@ -782,6 +800,7 @@ impl Worker {
         .bind(token)
         .bind(output)
         .bind(version)
+        .bind(generation)
         .fetch_optional(&self.infra.pg)
         .await?;
         let Some((previous_status, previous_version, generation)) = previous else {

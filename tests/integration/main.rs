@@ -12,6 +12,7 @@ mod backends;
 mod cleanup;
 mod external;
 mod fenced_write;
+mod harness;
 mod lease;
 mod pipeline;
 mod proxy_faults;
@@ -62,6 +63,7 @@ fn main() -> std::process::ExitCode {
         lease::tests(),
         pipeline::tests(),
         fenced_write::tests(),
+        harness::tests(),
         proxy_faults::tests(),
         backends::tests(),
         restart::tests(),

@@ -1,0 +1,482 @@
+//! Invariants, each with a name and a report: what should hold, what was observed, and the events
+//! that prove it. They read a [`History`] only, so they judge any worker honouring the contract,
+//! and they lean on the audit trail and the backend journals wherever a worker's own log could lie.
+
+use crate::contract::output_version;
+use crate::history::{AuditRow, EventKind, History};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::str::FromStr;
+
+/// A named invariant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Invariant {
+    /// At most one final write per request.
+    AtMostOneFinalWrite,
+    /// Generations strictly increase per idempotency key, write after write.
+    GenerationsIncrease,
+    /// A final write comes from the owner: IN_PROGRESS before, same lease token after.
+    NoNonOwnerFinalWrite,
+    /// A stored result was produced by the version it names.
+    ResultNamesItsVersion,
+    /// No attempt is served a cached output of another version.
+    NoStaleCacheRead,
+    /// Every submitted request ends terminal once faults heal.
+    NoLostJob,
+    /// No backend call for a request while another attempt holds a valid lease on it.
+    ComputeWasteBounded,
+}
+
+impl Invariant {
+    /// Every invariant.
+    pub const ALL: [Invariant; 7] = [
+        Invariant::AtMostOneFinalWrite,
+        Invariant::GenerationsIncrease,
+        Invariant::NoNonOwnerFinalWrite,
+        Invariant::ResultNamesItsVersion,
+        Invariant::NoStaleCacheRead,
+        Invariant::NoLostJob,
+        Invariant::ComputeWasteBounded,
+    ];
+
+    /// Short name, as suites and reports spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Invariant::AtMostOneFinalWrite => "at-most-one-final-write",
+            Invariant::GenerationsIncrease => "generations-increase",
+            Invariant::NoNonOwnerFinalWrite => "no-non-owner-final-write",
+            Invariant::ResultNamesItsVersion => "result-names-its-version",
+            Invariant::NoStaleCacheRead => "no-stale-cache-read",
+            Invariant::NoLostJob => "no-lost-job",
+            Invariant::ComputeWasteBounded => "compute-waste-bounded",
+        }
+    }
+
+    /// What should hold, in a sentence.
+    pub fn statement(self) -> &'static str {
+        match self {
+            Invariant::AtMostOneFinalWrite => "at most one final write per request",
+            Invariant::GenerationsIncrease => "generations strictly increase per idempotency key",
+            Invariant::NoNonOwnerFinalWrite => {
+                "a final write is made by the lease owner of an IN_PROGRESS job"
+            }
+            Invariant::ResultNamesItsVersion => {
+                "a stored result was produced by the model version it names"
+            }
+            Invariant::NoStaleCacheRead => {
+                "no attempt is served a cached output of another model version"
+            }
+            Invariant::NoLostJob => "every submitted request ends terminal once faults heal",
+            Invariant::ComputeWasteBounded => {
+                "no backend call for a request while another attempt holds a valid lease on it"
+            }
+        }
+    }
+}
+
+impl fmt::Display for Invariant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Invariant {
+    type Err = crate::Error;
+
+    fn from_str(s: &str) -> crate::Result<Invariant> {
+        Invariant::ALL
+            .into_iter()
+            .find(|i| i.name() == s)
+            .ok_or_else(|| {
+                crate::Error::Config(format!(
+                    "unknown invariant {s:?}; known: {}",
+                    Invariant::ALL.map(Invariant::name).join(", ")
+                ))
+            })
+    }
+}
+
+/// A broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Which invariant.
+    pub invariant: Invariant,
+    /// What was observed.
+    pub observed: String,
+    /// The events and rows that prove it.
+    pub evidence: Vec<String>,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "invariant {} violated", self.invariant)?;
+        writeln!(f, "  should hold: {}", self.invariant.statement())?;
+        writeln!(f, "  observed:    {}", self.observed)?;
+        for line in &self.evidence {
+            writeln!(f, "    {line}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks `invariants` on `history`.
+pub fn check(history: &History, invariants: &[Invariant]) -> Vec<Violation> {
+    invariants
+        .iter()
+        .flat_map(|invariant| match invariant {
+            Invariant::AtMostOneFinalWrite => at_most_one_final_write(history),
+            Invariant::GenerationsIncrease => generations_increase(history),
+            Invariant::NoNonOwnerFinalWrite => no_non_owner_final_write(history),
+            Invariant::ResultNamesItsVersion => result_names_its_version(history),
+            Invariant::NoStaleCacheRead => no_stale_cache_read(history),
+            Invariant::NoLostJob => no_lost_job(history),
+            Invariant::ComputeWasteBounded => compute_waste_bounded(history),
+        })
+        .collect()
+}
+
+fn by_key(audit: &[AuditRow]) -> BTreeMap<&str, Vec<&AuditRow>> {
+    let mut map: BTreeMap<&str, Vec<&AuditRow>> = BTreeMap::new();
+    for row in audit {
+        map.entry(row.idempotency_key.as_str())
+            .or_default()
+            .push(row);
+    }
+    map
+}
+
+fn at_most_one_final_write(history: &History) -> Vec<Violation> {
+    let mut per_request: BTreeMap<String, Vec<&AuditRow>> = BTreeMap::new();
+    for row in history.audit.iter().filter(|r| r.is_final_write()) {
+        let request = history
+            .request_of(&row.idempotency_key)
+            .unwrap_or(&row.idempotency_key)
+            .to_owned();
+        per_request.entry(request).or_default().push(row);
+    }
+    per_request
+        .into_iter()
+        .filter(|(_, rows)| rows.len() > 1)
+        .map(|(request, rows)| Violation {
+            invariant: Invariant::AtMostOneFinalWrite,
+            observed: format!("request {request} has {} final writes", rows.len()),
+            evidence: rows.iter().map(|r| r.describe()).collect(),
+        })
+        .collect()
+}
+
+fn generations_increase(history: &History) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    for (key, rows) in by_key(&history.audit) {
+        for pair in rows.windows(2) {
+            let (before, after) = (pair[0], pair[1]);
+            if after.new_generation <= before.new_generation {
+                violations.push(Violation {
+                    invariant: Invariant::GenerationsIncrease,
+                    observed: format!(
+                        "key {key}: generation went from {} to {}",
+                        before.new_generation, after.new_generation
+                    ),
+                    evidence: vec![before.describe(), after.describe()],
+                });
+            }
+        }
+    }
+    violations
+}
+
+fn no_non_owner_final_write(history: &History) -> Vec<Violation> {
+    history
+        .audit
+        .iter()
+        .filter(|r| r.is_final_write())
+        .filter(|r| {
+            r.old_status.as_deref() != Some("IN_PROGRESS") || r.old_lease_token != r.new_lease_token
+        })
+        .map(|r| Violation {
+            invariant: Invariant::NoNonOwnerFinalWrite,
+            observed: format!(
+                "key {}: final write over status {} with token {} (owner's token {})",
+                r.idempotency_key,
+                r.old_status.as_deref().unwrap_or("-"),
+                r.new_lease_token.as_deref().unwrap_or("-"),
+                r.old_lease_token.as_deref().unwrap_or("-"),
+            ),
+            evidence: vec![r.describe()],
+        })
+        .collect()
+}
+
+fn result_names_its_version(history: &History) -> Vec<Violation> {
+    history
+        .audit
+        .iter()
+        .filter(|r| r.new_status == "SUCCEEDED")
+        .filter_map(|r| {
+            let produced = r.output.as_deref().and_then(output_version);
+            (produced != r.new_model_version.as_deref()).then(|| Violation {
+                invariant: Invariant::ResultNamesItsVersion,
+                observed: format!(
+                    "key {}: record names {} but the output was produced by {}",
+                    r.idempotency_key,
+                    r.new_model_version.as_deref().unwrap_or("-"),
+                    produced.unwrap_or("an unknown version"),
+                ),
+                evidence: vec![r.describe()],
+            })
+        })
+        .collect()
+}
+
+fn no_stale_cache_read(history: &History) -> Vec<Violation> {
+    history
+        .with_status("cache_hit")
+        .filter(|e| e.field("served_model_version") != e.field("model_version"))
+        .map(|e| Violation {
+            invariant: Invariant::NoStaleCacheRead,
+            observed: format!(
+                "{} running as {} was served a {} output from cache key {}",
+                e.field("worker_id").unwrap_or("-"),
+                e.field("model_version").unwrap_or("-"),
+                e.field("served_model_version").unwrap_or("-"),
+                e.field("cache_key").unwrap_or("-"),
+            ),
+            evidence: vec![event_line(e)],
+        })
+        .collect()
+}
+
+fn no_lost_job(history: &History) -> Vec<Violation> {
+    history
+        .requests
+        .iter()
+        .filter_map(|request| {
+            let job = history
+                .jobs
+                .iter()
+                .find(|j| j.idempotency_key == request.idempotency_key);
+            let terminal = job
+                .is_some_and(|j| matches!(j.status.as_str(), "SUCCEEDED" | "FAILED" | "CANCELLED"));
+            (!terminal).then(|| Violation {
+                invariant: Invariant::NoLostJob,
+                observed: format!(
+                    "request {} ({}) is {} after the run healed and drained",
+                    request.request_id,
+                    request.idempotency_key,
+                    job.map_or("missing", |j| j.status.as_str())
+                ),
+                evidence: history
+                    .audit
+                    .iter()
+                    .filter(|r| r.idempotency_key == request.idempotency_key)
+                    .map(AuditRow::describe)
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+/// Replays lease ownership from the events. A backend call is waste beyond policy when its attempt
+/// never held the lease while another attempt held a valid one: execution without dedupe. An
+/// attempt that held the lease and lost it to expiry may still finish its call (the policy allows
+/// that duplicate: the fence stops its write).
+fn compute_waste_bounded(history: &History) -> Vec<Violation> {
+    let mut holders: HashMap<String, String> = HashMap::new();
+    // (worker, key) of attempts that acquired the lease.
+    let mut leased: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut violations = Vec::new();
+    for event in &history.events {
+        match &event.kind {
+            EventKind::Fault { what, .. } => match what.as_str() {
+                "lease_expired" => {
+                    if let Some(key) = event.field("idempotency_key") {
+                        holders.remove(key);
+                    }
+                }
+                "redis_restarted" => holders.clear(),
+                _ => {}
+            },
+            EventKind::Worker(_) => {
+                let (Some(key), Some(worker)) =
+                    (event.field("idempotency_key"), event.field("worker_id"))
+                else {
+                    continue;
+                };
+                let attempt = (worker.to_owned(), key.to_owned());
+                match event.status() {
+                    Some("job_received") | Some("retry_dispatched") => {
+                        leased.remove(&attempt);
+                    }
+                    Some("lease_acquired") => {
+                        holders.insert(key.to_owned(), worker.to_owned());
+                        leased.insert(attempt);
+                    }
+                    Some("lease_released") if holders.get(key).is_some_and(|h| h == worker) => {
+                        holders.remove(key);
+                    }
+                    Some("inference_started") if !leased.contains(&attempt) => {
+                        if let Some(holder) = holders.get(key).filter(|h| *h != worker) {
+                            violations.push(Violation {
+                                invariant: Invariant::ComputeWasteBounded,
+                                observed: format!(
+                                    "{worker} called the backend for {key} without the lease, while {holder} held it"
+                                ),
+                                evidence: vec![event_line(event)],
+                            });
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            EventKind::Step(_) => {}
+        }
+    }
+    violations
+}
+
+fn event_line(event: &crate::history::Event) -> String {
+    match &event.kind {
+        EventKind::Worker(line) => format!("step {} {}", event.step, line.to_logfmt()),
+        other => format!("step {} {other:?}", event.step),
+    }
+}
+
+/// Backend calls per request, from the journals (compute spent, for reports).
+pub fn backend_calls_per_request(history: &History) -> BTreeMap<String, usize> {
+    let mut calls = BTreeMap::new();
+    for entry in &history.journal {
+        if let Some(request) = &entry.request {
+            let id = history
+                .request_of(&request.idempotency_key)
+                .unwrap_or(&request.idempotency_key)
+                .to_owned();
+            *calls.entry(id).or_insert(0) += 1;
+        }
+    }
+    calls
+}
+
+/// The invariants broken in a list of violations, deduplicated.
+pub fn broken(violations: &[Violation]) -> BTreeSet<Invariant> {
+    violations.iter().map(|v| v.invariant).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // One argument per audit column keeps the fixtures below readable as table rows.
+    #[allow(clippy::too_many_arguments)]
+    fn row(
+        id: i64,
+        key: &str,
+        old: Option<&str>,
+        new: &str,
+        old_gen: Option<i64>,
+        new_gen: i64,
+        old_tok: Option<&str>,
+        new_tok: Option<&str>,
+        version: Option<&str>,
+        output: Option<&str>,
+    ) -> AuditRow {
+        AuditRow {
+            audit_id: id,
+            idempotency_key: key.into(),
+            operation: if old.is_none() {
+                "INSERT".into()
+            } else {
+                "UPDATE".into()
+            },
+            old_status: old.map(Into::into),
+            new_status: new.into(),
+            old_generation: old_gen,
+            new_generation: new_gen,
+            old_model_version: None,
+            new_model_version: version.map(Into::into),
+            old_lease_token: old_tok.map(Into::into),
+            new_lease_token: new_tok.map(Into::into),
+            worker_id: None,
+            attempt: 1,
+            output: output.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn the_seed_overwrite_breaks_three_invariants_and_the_fenced_run_none() {
+        let v1 = crate::contract::model_output("x", "v1");
+        let v2 = crate::contract::model_output("x", "v2");
+        let fenced = History {
+            audit: vec![
+                row(1, "k", None, "PENDING", None, 0, None, None, None, None),
+                row(
+                    2,
+                    "k",
+                    Some("PENDING"),
+                    "IN_PROGRESS",
+                    Some(0),
+                    1,
+                    None,
+                    Some("a"),
+                    Some("v1"),
+                    None,
+                ),
+                row(
+                    3,
+                    "k",
+                    Some("IN_PROGRESS"),
+                    "IN_PROGRESS",
+                    Some(1),
+                    2,
+                    Some("a"),
+                    Some("c"),
+                    Some("v2"),
+                    None,
+                ),
+                row(
+                    4,
+                    "k",
+                    Some("IN_PROGRESS"),
+                    "SUCCEEDED",
+                    Some(2),
+                    3,
+                    Some("c"),
+                    Some("c"),
+                    Some("v2"),
+                    Some(&v2),
+                ),
+            ],
+            ..History::default()
+        };
+        assert!(check(&fenced, &Invariant::ALL).is_empty());
+        let mut unfenced = fenced.clone();
+        unfenced.audit.push(row(
+            5,
+            "k",
+            Some("SUCCEEDED"),
+            "SUCCEEDED",
+            Some(3),
+            2,
+            Some("c"),
+            Some("a"),
+            Some("v1"),
+            Some(&v1),
+        ));
+        let broken = broken(&check(&unfenced, &Invariant::ALL));
+        assert_eq!(
+            broken,
+            BTreeSet::from([
+                Invariant::AtMostOneFinalWrite,
+                Invariant::GenerationsIncrease,
+                Invariant::NoNonOwnerFinalWrite
+            ])
+        );
+    }
+
+    #[test]
+    fn invariant_names_round_trip() {
+        for invariant in Invariant::ALL {
+            assert_eq!(invariant.name().parse::<Invariant>().unwrap(), invariant);
+        }
+        assert!("nope".parse::<Invariant>().is_err());
+    }
+}

@@ -1,0 +1,206 @@
+//! Exploration: proptest generates schedules from a [`ScheduleSpace`], the controlled runner runs
+//! each as a case, and the first case that breaks an invariant is shrunk to the smallest schedule
+//! that still breaks one. Everything is reproducible from the printed seed; failing seeds are
+//! persisted to a regression file so later runs (and CI) replay every past failure first.
+//!
+//! proptest's runner is driven programmatically (not through the `proptest!` macro) so `cargo
+//! test`, `racecert certify` and the benchmarks share it. Its test closure is synchronous: call
+//! [`explore`] from a blocking thread (e.g. `tokio::task::spawn_blocking`) with a runtime handle.
+
+use crate::check::Violation;
+use crate::schedule::controlled::{CaseResult, Controller, Coverage};
+use crate::schedule::{Schedule, ScheduleSpace};
+use crate::{Error, Result};
+use proptest::test_runner::{
+    Config, FileFailurePersistence, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner,
+};
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How to explore.
+#[derive(Debug, Clone)]
+pub struct ExploreConfig {
+    /// Cases to generate (proptest's default is 256).
+    pub cases: u32,
+    /// Seed of the generator: same seed, same schedules.
+    pub seed: u64,
+    /// Bound on shrinking runs.
+    pub max_shrink_iters: u32,
+    /// Where failing seeds are persisted and replayed from (None: nowhere).
+    pub regressions: Option<PathBuf>,
+}
+
+impl Default for ExploreConfig {
+    fn default() -> Self {
+        ExploreConfig {
+            cases: 256,
+            seed: 0,
+            max_shrink_iters: 256,
+            regressions: None,
+        }
+    }
+}
+
+/// A failure, shrunk.
+#[derive(Debug, Clone)]
+pub struct Counterexample {
+    /// The minimal schedule.
+    pub schedule: Schedule,
+    /// Its run (history and violations), replayed after shrinking.
+    pub result: CaseResult,
+    /// Cases generated before the first failure (1-based), and time to it.
+    pub found_after: (u32, Duration),
+}
+
+impl Counterexample {
+    /// A report a person can act on: what broke, the minimal schedule, the timeline in the seed's
+    /// log format, and how to replay it.
+    pub fn report(&self, seed: u64, replay_hint: &str) -> String {
+        let mut out = String::new();
+        for violation in &self.result.violations {
+            out.push_str(&violation.to_string());
+        }
+        out.push_str(&format!(
+            "minimal schedule ({} steps):\n{}",
+            self.schedule.steps.len(),
+            self.schedule
+        ));
+        out.push_str("timeline:\n");
+        out.push_str(&self.result.history.timeline());
+        out.push_str(&format!(
+            "found after {} case(s) in {:.2?}; seed {seed}\nreplay: {replay_hint}\n",
+            self.found_after.0, self.found_after.1
+        ));
+        out
+    }
+}
+
+/// The outcome of an exploration.
+#[derive(Debug, Clone)]
+pub struct ExploreReport {
+    /// Cases run (generation and shrinking).
+    pub cases_run: u32,
+    /// The counterexample, if an invariant broke.
+    pub counterexample: Option<Counterexample>,
+    /// Fault coverage over every case.
+    pub coverage: Coverage,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+impl ExploreReport {
+    /// The violations of the counterexample (empty when everything held).
+    pub fn violations(&self) -> &[Violation] {
+        self.counterexample
+            .as_ref()
+            .map_or(&[], |c| c.result.violations.as_slice())
+    }
+}
+
+fn rng(seed: u64) -> TestRng {
+    let mut bytes = [0u8; 32];
+    for (i, chunk) in bytes.chunks_mut(8).enumerate() {
+        chunk.copy_from_slice(&(seed.wrapping_add(i as u64)).to_le_bytes());
+    }
+    TestRng::from_seed(RngAlgorithm::ChaCha, &bytes)
+}
+
+/// Explores `space` with `controller`. Blocking: runs each case with `runtime.block_on`.
+pub fn explore(
+    runtime: &tokio::runtime::Handle,
+    controller: &Controller<'_>,
+    space: &ScheduleSpace,
+    config: &ExploreConfig,
+) -> Result<ExploreReport> {
+    let started = Instant::now();
+    let mut proptest_config = Config {
+        cases: config.cases,
+        max_shrink_iters: config.max_shrink_iters,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    if let Some(path) = &config.regressions {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|err| Error::io_at(dir, err))?;
+        }
+        // proptest wants a 'static path; one small leak per exploration.
+        let leaked: &'static str = Box::leak(path.display().to_string().into_boxed_str());
+        proptest_config.failure_persistence =
+            Some(Box::new(FileFailurePersistence::Direct(leaked)));
+        proptest_config.source_file = Some(leaked);
+    }
+    let mut runner = TestRunner::new_with_rng(proptest_config, rng(config.seed));
+    let strategy = space.strategy();
+    let state = Mutex::new(State::default());
+    let outcome = runner.run(&strategy, |schedule| {
+        let result = runtime.block_on(controller.run(&schedule));
+        let mut state = state.lock().expect("poisoned");
+        state.cases += 1;
+        match result {
+            Ok(result) => {
+                state.coverage.merge(&result.coverage);
+                if result.violations.is_empty() {
+                    Ok(())
+                } else {
+                    if state.first_failure.is_none() {
+                        state.first_failure = Some((state.cases, started.elapsed()));
+                    }
+                    let names: Vec<&str> = result
+                        .violations
+                        .iter()
+                        .map(|v| v.invariant.name())
+                        .collect();
+                    Err(TestCaseError::fail(format!(
+                        "violated: {}",
+                        names.join(", ")
+                    )))
+                }
+            }
+            Err(err) => {
+                // A harness error is not a finding: stop and report it as such.
+                state.harness_error.get_or_insert_with(|| err.to_string());
+                Err(TestCaseError::fail(format!("harness error: {err}")))
+            }
+        }
+    });
+    let state = state.into_inner().expect("poisoned");
+    if let Some(err) = state.harness_error {
+        return Err(Error::other(format!(
+            "exploration stopped by a harness error (seed {}): {err}",
+            config.seed
+        )));
+    }
+    let counterexample = match outcome {
+        Ok(()) => None,
+        Err(TestError::Fail(_, schedule)) => {
+            // Replay the minimal schedule: its report comes from a fresh run, which also shows
+            // the failure reproduces.
+            let result = runtime.block_on(controller.run(&schedule))?;
+            Some(Counterexample {
+                schedule,
+                result,
+                found_after: state
+                    .first_failure
+                    .unwrap_or((state.cases, started.elapsed())),
+            })
+        }
+        Err(TestError::Abort(reason)) => {
+            return Err(Error::other(format!("exploration aborted: {reason}")));
+        }
+    };
+    Ok(ExploreReport {
+        cases_run: state.cases,
+        counterexample,
+        coverage: state.coverage,
+        elapsed: started.elapsed(),
+    })
+}
+
+#[derive(Default)]
+struct State {
+    cases: u32,
+    coverage: Coverage,
+    first_failure: Option<(u32, Duration)>,
+    harness_error: Option<String>,
+}

@@ -1,0 +1,241 @@
+//! The harness end to end: controlled runs are deterministic, the reference worker passes every
+//! shipped suite, every defect is caught and shrunk, and the seed's race shrinks to a handful of
+//! steps.
+
+use racecert::check::Invariant;
+use racecert::env::TestBed;
+use racecert::fault::Fault;
+use racecert::history::{EventKind, History};
+use racecert::reference::checkpoints::Checkpoint;
+use racecert::reference::defects::{Defect, Defects};
+use racecert::schedule::controlled::{CaseSettings, Controller};
+use racecert::schedule::explore::{ExploreConfig, explore};
+use racecert::schedule::{RequestSpec, Schedule, Step};
+use racecert::suite::{Suite, builtin};
+use std::collections::BTreeSet;
+
+crate::tests!(
+    the_same_schedule_gives_the_same_history,
+    the_seed_race_is_caught_and_shrinks_to_at_most_six_steps,
+    the_reference_worker_passes_every_suite,
+    every_defect_is_caught_within_256_cases,
+);
+
+/// The seed's race as a hand-written schedule.
+fn seed_race() -> Schedule {
+    Schedule {
+        requests: vec![RequestSpec {
+            request_id: "req-91".into(),
+            input: "input-0".into(),
+        }],
+        steps: vec![
+            Step::Run {
+                worker: 0,
+                to: Checkpoint::BeforeFinalWrite,
+            },
+            Step::Fault(Fault::ExpireLease { request: 0 }),
+            Step::Run {
+                worker: 1,
+                to: Checkpoint::Done,
+            },
+        ],
+    }
+}
+
+/// A history with what differs between runs removed: wall times, the case namespace, audit ids.
+fn normalized(history: &History) -> Vec<String> {
+    let strip = |s: &str| {
+        s.split(':')
+            .filter(|part| !part.starts_with('r') || !part.contains('c'))
+            .collect::<Vec<_>>()
+            .join(":")
+    };
+    let mut out: Vec<String> = history
+        .events
+        .iter()
+        .map(|e| match &e.kind {
+            EventKind::Worker(line) => format!(
+                "{} {}",
+                e.step,
+                line.fields
+                    .iter()
+                    .filter(|(k, _)| k != "job_id")
+                    .map(|(k, v)| format!("{k}={}", strip(v)))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+            other => format!("{} {:?}", e.step, other)
+                .replace(&history.requests[0].idempotency_key, "KEY"),
+        })
+        .collect();
+    out.extend(history.audit.iter().map(|r| {
+        format!(
+            "{} {:?}->{} {:?}->{} {:?}",
+            r.operation,
+            r.old_status,
+            r.new_status,
+            r.old_generation,
+            r.new_generation,
+            r.new_lease_token
+        )
+    }));
+    out
+}
+
+async fn the_same_schedule_gives_the_same_history(bed: &TestBed) -> anyhow::Result<()> {
+    let _shared = bed.shared().await;
+    let controller = Controller::new(bed, CaseSettings::seed_pair()).await?;
+    let first = controller.run(&seed_race()).await?;
+    let second = controller.run(&seed_race()).await?;
+    anyhow::ensure!(
+        first.violations.is_empty(),
+        "reference broke: {:?}",
+        first.violations
+    );
+    let (a, b) = (normalized(&first.history), normalized(&second.history));
+    anyhow::ensure!(
+        a == b,
+        "replaying a schedule changed its history:\n--- first\n{}\n--- second\n{}",
+        a.join("\n"),
+        b.join("\n")
+    );
+    anyhow::ensure!(
+        first.history.with_status("late_write_rejected").count() == 1,
+        "the late write must reach the fence:\n{}",
+        first.history.timeline()
+    );
+    Ok(())
+}
+
+async fn the_seed_race_is_caught_and_shrinks_to_at_most_six_steps(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let _shared = bed.shared().await;
+    let suite = builtin()
+        .into_iter()
+        .find(|s| s.name == "lease-expiry")
+        .expect("shipped suite")
+        .with_defects(Defects::of([Defect::UnfencedFinalWrite]));
+    let report = run_suite(bed, &suite, 256, 7).await?;
+    let Some(found) = &report.counterexample else {
+        anyhow::bail!(
+            "the unfenced final write was not caught in {} cases",
+            report.cases_run
+        );
+    };
+    eprintln!(
+        "{}",
+        found.report(7, "cargo test --test integration -- harness::the_seed_race")
+    );
+    anyhow::ensure!(
+        found.schedule.steps.len() <= 6,
+        "shrunk schedule has {} steps",
+        found.schedule.steps.len()
+    );
+    let broken: BTreeSet<Invariant> = found
+        .result
+        .violations
+        .iter()
+        .map(|v| v.invariant)
+        .collect();
+    anyhow::ensure!(
+        broken.contains(&Invariant::AtMostOneFinalWrite),
+        "expected at-most-one-final-write among {broken:?}"
+    );
+    Ok(())
+}
+
+async fn run_suite(
+    bed: &TestBed,
+    suite: &Suite,
+    cases: u32,
+    seed: u64,
+) -> anyhow::Result<racecert::schedule::explore::ExploreReport> {
+    let controller = Controller::new(bed, suite.settings.clone()).await?;
+    let config = ExploreConfig {
+        cases,
+        seed,
+        ..ExploreConfig::default()
+    };
+    let handle = tokio::runtime::Handle::current();
+    let space = suite.space.clone();
+    // proptest's runner is synchronous: give it a blocking thread and the runtime's handle.
+    let report = tokio::task::block_in_place(|| explore(&handle, &controller, &space, &config))?;
+    Ok(report)
+}
+
+async fn the_reference_worker_passes_every_suite(bed: &TestBed) -> anyhow::Result<()> {
+    for suite in builtin() {
+        let _guard = if suite.is_exclusive() {
+            (None, Some(bed.exclusive().await))
+        } else {
+            (Some(bed.shared().await), None)
+        };
+        let report = run_suite(bed, &suite, 24, 1).await?;
+        if let Some(found) = &report.counterexample {
+            anyhow::bail!(
+                "suite {} failed on the reference worker:\n{}",
+                suite.name,
+                found.report(1, &format!("racecert run {} --seed 1", suite.name))
+            );
+        }
+        let landed: Vec<String> = report
+            .coverage
+            .faults
+            .iter()
+            .map(|(kind, (applied, landed))| format!("{kind} {landed}/{applied}"))
+            .collect();
+        eprintln!(
+            "    suite {:<24} {} cases in {:.1?}, coverage: {}",
+            suite.name,
+            report.cases_run,
+            report.elapsed,
+            landed.join(", ")
+        );
+    }
+    Ok(())
+}
+
+async fn every_defect_is_caught_within_256_cases(bed: &TestBed) -> anyhow::Result<()> {
+    let _shared = bed.shared().await;
+    let suite_for = |defect: Defect| match defect {
+        Defect::UnversionedCacheKey | Defect::LateCacheInvalidation => "stale-cache-at-cutover",
+        Defect::RereadActiveVersion => "stale-cache-at-cutover",
+        Defect::AckBeforeFinalWrite => "worker-crash",
+        Defect::RetryWithoutDedupe => "retry-overlap",
+        Defect::RandomIdPerRetry | Defect::UnfencedFinalWrite => "lease-expiry",
+    };
+    let mut missed = Vec::new();
+    for defect in Defect::ALL {
+        let suite = builtin()
+            .into_iter()
+            .find(|s| s.name == suite_for(defect))
+            .expect("shipped suite")
+            .with_defects(Defects::of([defect]));
+        let report = run_suite(bed, &suite, 256, 3).await?;
+        match &report.counterexample {
+            Some(found) => eprintln!(
+                "    {defect:<24} caught by {} after {} case(s) in {:.1?}: {} ({} steps)",
+                suite.name,
+                found.found_after.0,
+                found.found_after.1,
+                found
+                    .result
+                    .violations
+                    .iter()
+                    .map(|v| v.invariant.name())
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                found.schedule.steps.len()
+            ),
+            None => missed.push(format!(
+                "{defect} ({} cases of {})",
+                report.cases_run, suite.name
+            )),
+        }
+    }
+    anyhow::ensure!(missed.is_empty(), "defects not caught: {missed:?}");
+    Ok(())
+}
