@@ -4,6 +4,7 @@
 //! contract, so a worker written in any language can be certified from the outside.
 
 pub mod log;
+pub mod worker;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};

@@ -197,3 +197,39 @@ impl Pipeline {
         .await?)
     }
 }
+
+/// Starts reference workers for the harness, with the suite's defects and timeouts.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ReferenceFactory;
+
+impl crate::contract::worker::WorkerFactory for ReferenceFactory {
+    fn start<'a>(
+        &'a self,
+        ctx: crate::contract::worker::WorkerContext<'a>,
+    ) -> crate::contract::worker::BoxFuture<
+        'a,
+        Result<std::sync::Arc<dyn crate::contract::worker::WorkerUnderTest>>,
+    > {
+        Box::pin(async move {
+            let config = WorkerConfig::builder(
+                &ctx.spec.id,
+                &ctx.spec.version,
+                ctx.backends.iter().map(|(v, e)| (v.clone(), e.clone())),
+            )
+            .backend_timeout(ctx.backend_timeout)
+            .upstream_warn_after(ctx.backend_timeout / 2)
+            // The harness receives on the worker's behalf and owns the visibility timeout; this
+            // one only has to outlast a call.
+            .visibility_timeout(ctx.lease_ttl.max(ctx.backend_timeout * 2))
+            .lease_ttl(ctx.lease_ttl)
+            .defects(ctx.defects)
+            .seed(ctx.index as u64)
+            .build()?;
+            let worker = Worker::new(config, ctx.infra, ctx.keys, ctx.checkpoints, ctx.log).await?;
+            Ok(std::sync::Arc::new(worker)
+                as std::sync::Arc<
+                    dyn crate::contract::worker::WorkerUnderTest,
+                >)
+        })
+    }
+}

@@ -876,3 +876,24 @@ impl Worker {
         Ok(())
     }
 }
+
+impl crate::contract::worker::WorkerUnderTest for Worker {
+    fn id(&self) -> &str {
+        &self.config.worker_id
+    }
+
+    fn model_version(&self) -> &str {
+        &self.config.model_version
+    }
+
+    fn process(
+        &self,
+        delivery: Delivery,
+    ) -> crate::contract::worker::BoxFuture<'_, crate::Result<()>> {
+        Box::pin(async move { Worker::process(self, delivery).await.map(|_| ()) })
+    }
+
+    fn is_draining(&self) -> bool {
+        Worker::is_draining(self)
+    }
+}

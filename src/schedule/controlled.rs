@@ -6,18 +6,20 @@
 
 use crate::check::{Invariant, Violation, check};
 use crate::contract::Keys;
+use crate::contract::worker::{WorkerContext, WorkerFactory, WorkerUnderTest};
 use crate::env::backends::{Behaviour, ProgramGuard};
 use crate::env::{DedicatedProxy, Target, TestBed};
 use crate::fault::{Fault, FaultKind, PartitionTarget};
 use crate::history::{EventKind, History, Recorder, SubmittedRequest, read_audit, read_jobs};
 use crate::reference::Pipeline;
+use crate::reference::ReferenceFactory;
 use crate::reference::checkpoints::{Arrival, Checkpoint, Gate};
 use crate::reference::cutover::Cutover;
 use crate::reference::defects::Defects;
 use crate::reference::logsink::LogSink;
 use crate::reference::queue::{JobMessage, Queue};
 use crate::reference::submit::InferenceRequest;
-use crate::reference::worker::{BackendEndpoint, Infra, Outcome, Worker};
+use crate::reference::worker::{BackendEndpoint, Infra};
 use crate::schedule::{Schedule, Step, WorkerSpec};
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
@@ -38,6 +40,8 @@ pub struct CaseSettings {
     /// The workers' backend timeout; an upstream-timeout fault delays the backend past it, so
     /// keep it short: it is real time spent.
     pub backend_timeout: Duration,
+    /// Starts the workers under test (default: the reference worker).
+    pub factory: Arc<dyn WorkerFactory>,
 }
 
 impl CaseSettings {
@@ -57,6 +61,7 @@ impl CaseSettings {
             defects: Defects::none(),
             invariants: Invariant::ALL.to_vec(),
             backend_timeout: Duration::from_millis(250),
+            factory: Arc::new(ReferenceFactory),
         }
     }
 }
@@ -69,7 +74,8 @@ pub struct Coverage {
 }
 
 impl Coverage {
-    fn applied(&mut self, kind: FaultKind, landed: bool) {
+    /// Records one application of a fault kind and whether it landed on its target path.
+    pub fn applied_kind(&mut self, kind: FaultKind, landed: bool) {
         let entry = self.faults.entry(kind).or_insert((0, 0));
         entry.0 += 1;
         entry.1 += u32::from(landed);
@@ -98,8 +104,8 @@ pub struct CaseResult {
 
 /// A worker's place in the case.
 struct Slot {
-    worker: Arc<Worker>,
-    task: Option<JoinHandle<Result<Outcome>>>,
+    worker: Arc<dyn WorkerUnderTest>,
+    task: Option<JoinHandle<Result<()>>>,
     parked: Option<Arrival>,
     /// Idempotency key of the delivery in flight.
     key: Option<String>,
@@ -200,6 +206,8 @@ struct CaseRun<'c, 'a> {
     cutover: Option<Cutover>,
     programs: HashMap<String, ProgramGuard>,
     partitions: HashMap<PartitionTarget, DedicatedProxy>,
+    /// The job queue as the case's workers see it (through their possibly partitioned link).
+    queue: Queue,
     /// The harness's own connections (through the shared proxies): a case's partition cuts off
     /// its workers, not the clock or the operator.
     admin: Infra,
@@ -253,20 +261,26 @@ impl<'c, 'a> CaseRun<'c, 'a> {
         let gate = Arc::new(Gate::new(Duration::from_secs(20)));
         let settings = &controller.settings;
         let mut slots = Vec::new();
-        for (i, spec) in settings.workers.iter().enumerate() {
-            let config = pipeline
-                .worker_config(&spec.id, &spec.version)
-                .backend_timeout(settings.backend_timeout)
-                .upstream_warn_after(settings.backend_timeout / 2)
-                .visibility_timeout(Duration::from_secs(60))
-                .lease_ttl(Duration::from_secs(60))
-                .defects(settings.defects.clone())
-                .seed(i as u64)
-                .build()?;
+        for (index, spec) in settings.workers.iter().enumerate() {
             gate.hold(&spec.id);
-            let worker = pipeline.worker(config, gate.checkpoints()).await?;
+            let worker = settings
+                .factory
+                .start(WorkerContext {
+                    spec,
+                    index,
+                    infra: pipeline.infra.clone(),
+                    keys: pipeline.keys.clone(),
+                    backends: &controller.backends,
+                    checkpoints: gate.checkpoints(),
+                    log: pipeline.log.clone(),
+                    backend_timeout: settings.backend_timeout,
+                    // Time-driven events come from the schedule: keep the clock out of the way.
+                    lease_ttl: Duration::from_secs(60),
+                    defects: settings.defects.clone(),
+                })
+                .await?;
             slots.push(Slot {
-                worker: Arc::new(worker),
+                worker,
                 task: None,
                 parked: None,
                 key: None,
@@ -286,6 +300,7 @@ impl<'c, 'a> CaseRun<'c, 'a> {
                 idempotency_key: submitted.idempotency_key,
             });
         }
+        let queue = Queue::open(pipeline.infra.redis.clone(), &pipeline.keys).await?;
         let mut run = CaseRun {
             controller,
             // `partitions` is only non-empty when the pipeline runs on the case's own proxies.
@@ -297,6 +312,7 @@ impl<'c, 'a> CaseRun<'c, 'a> {
             requests,
             cutover: None,
             programs: HashMap::new(),
+            queue,
             admin: controller.infra.clone(),
             cut_off: Default::default(),
             inputs: schedule
@@ -342,11 +358,10 @@ impl<'c, 'a> CaseRun<'c, 'a> {
         let index = self.slot_index(worker);
         if self.slots[index].task.is_none() {
             let slot_worker = self.slots[index].worker.clone();
-            let received = match slot_worker.receive().await {
-                Ok(Some(delivery)) => Ok((Some(delivery), false)),
-                Ok(None) => slot_worker.receive_redelivery().await.map(|d| (d, true)),
-                Err(err) => Err(err),
-            };
+            if slot_worker.is_draining() {
+                return Ok(());
+            }
+            let received = self.receive_for(slot_worker.id()).await;
             let (delivery, redelivered) = match received {
                 Ok(received) => received,
                 Err(err) => {
@@ -356,7 +371,7 @@ impl<'c, 'a> CaseRun<'c, 'a> {
                         &[("worker_id", slot_worker.id()), ("error", &err.to_string())],
                     );
                     if !self.cut_off.is_empty() {
-                        self.coverage.applied(FaultKind::Partition, true);
+                        self.coverage.applied_kind(FaultKind::Partition, true);
                     }
                     return Ok(());
                 }
@@ -366,7 +381,7 @@ impl<'c, 'a> CaseRun<'c, 'a> {
             };
             if redelivered {
                 let overlap = self.someone_in_flight(index);
-                self.coverage.applied(FaultKind::RetryOverlap, overlap);
+                self.coverage.applied_kind(FaultKind::RetryOverlap, overlap);
                 self.recorder.fault(
                     "redelivered",
                     &[
@@ -425,7 +440,7 @@ impl<'c, 'a> CaseRun<'c, 'a> {
                     &[("worker_id", &worker), ("error", &err.to_string())],
                 );
                 if landed {
-                    self.coverage.applied(FaultKind::Partition, true);
+                    self.coverage.applied_kind(FaultKind::Partition, true);
                 }
             }
             Err(join) => {
@@ -445,7 +460,7 @@ impl<'c, 'a> CaseRun<'c, 'a> {
         parked.crash();
         self.settle(index).await?;
         self.coverage
-            .applied(FaultKind::WorkerCrash, at >= Checkpoint::AfterLease);
+            .applied_kind(FaultKind::WorkerCrash, at >= Checkpoint::AfterLease);
         self.recorder
             .fault("worker_crashed", &[("worker_id", &id), ("at", at.name())]);
         Ok(())
@@ -468,7 +483,7 @@ impl<'c, 'a> CaseRun<'c, 'a> {
                 let key = request.idempotency_key.clone();
                 let held = self.expire_lease(&key).await?;
                 let landed = held && self.key_in_flight(&key);
-                self.coverage.applied(FaultKind::LeaseExpiry, landed);
+                self.coverage.applied_kind(FaultKind::LeaseExpiry, landed);
                 self.recorder.fault(
                     "lease_expired",
                     &[("idempotency_key", &key), ("held", &held.to_string())],
@@ -482,7 +497,7 @@ impl<'c, 'a> CaseRun<'c, 'a> {
                 bed.restart(Target::Redis).await?;
                 self.reconnect().await?;
                 self.redis_restarted = true;
-                self.coverage.applied(FaultKind::RedisRestart, landed);
+                self.coverage.applied_kind(FaultKind::RedisRestart, landed);
                 self.recorder.fault("redis_restarted", &[]);
             }
             Fault::Partition { target } | Fault::Heal { target } => {
@@ -518,7 +533,7 @@ impl<'c, 'a> CaseRun<'c, 'a> {
                 )
                 .await?;
                 self.cutover = Some(cutover);
-                self.coverage.applied(FaultKind::Cutover, landed);
+                self.coverage.applied_kind(FaultKind::Cutover, landed);
             }
             Fault::InvalidateCache => {
                 if let Some(cutover) = self.cutover.as_mut() {
@@ -527,7 +542,7 @@ impl<'c, 'a> CaseRun<'c, 'a> {
                         .invalidate(&mut redis, &self.pipeline.keys, &self.pipeline.log)
                         .await?;
                     self.coverage
-                        .applied(FaultKind::CacheInvalidationLag, deleted > 0);
+                        .applied_kind(FaultKind::CacheInvalidationLag, deleted > 0);
                 }
             }
             Fault::UpstreamTimeout { version } => {
@@ -613,14 +628,12 @@ impl<'c, 'a> CaseRun<'c, 'a> {
                 let worker = &slot.worker;
                 if active
                     .as_deref()
-                    .is_some_and(|v| v != worker.config().model_version())
+                    .is_some_and(|v| v != worker.model_version())
+                    || worker.is_draining()
                 {
                     continue;
                 }
-                let delivery = match worker.receive().await? {
-                    Some(d) => Some(d),
-                    None => worker.receive_redelivery().await?,
-                };
+                let (delivery, _) = self.receive_for(worker.id()).await?;
                 // (After healing, the workers' connections answer again: reconnect() waited.)
                 if let Some(delivery) = delivery {
                     if let Err(err) = worker.process(delivery).await {
@@ -684,6 +697,19 @@ impl<'c, 'a> CaseRun<'c, 'a> {
             }
         }
         Ok(())
+    }
+
+    /// The next delivery for a worker: a new job, else a redelivery of an unacknowledged one
+    /// (its visibility timeout made to expire now). The flag says which.
+    async fn receive_for(
+        &self,
+        worker: &str,
+    ) -> Result<(Option<crate::reference::queue::Delivery>, bool)> {
+        let mut queue = self.queue.clone();
+        if let Some(delivery) = queue.receive(worker, Duration::from_secs(3600)).await? {
+            return Ok((Some(delivery), false));
+        }
+        Ok((queue.claim_stale(worker, Duration::ZERO).await?, true))
     }
 
     /// Lets a lease run out now (the harness's clock), through the admin connection.

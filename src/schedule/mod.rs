@@ -8,6 +8,7 @@
 //! clock). After the last step the case heals every fault, lets parked workers finish, lets every
 //! lease run out and drains the queue, so "no lost job" is judged on a settled system.
 
+pub mod chaos;
 pub mod controlled;
 pub mod explore;
 

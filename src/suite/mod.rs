@@ -53,6 +53,7 @@ fn suite(name: &str, description: &str, workers: Vec<WorkerSpec>, faults: &[Faul
             defects: Defects::none(),
             invariants: Invariant::ALL.to_vec(),
             backend_timeout: Duration::from_millis(250),
+            factory: std::sync::Arc::new(crate::reference::ReferenceFactory),
         },
         space: ScheduleSpace {
             workers,

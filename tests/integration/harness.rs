@@ -15,6 +15,7 @@ use racecert::suite::{Suite, builtin};
 use std::collections::BTreeSet;
 
 crate::tests!(
+    a_chaos_run_of_the_reference_fleet_holds_every_invariant,
     the_same_schedule_gives_the_same_history,
     the_seed_race_is_caught_and_shrinks_to_at_most_six_steps,
     the_reference_worker_passes_every_suite,
@@ -237,5 +238,49 @@ async fn every_defect_is_caught_within_256_cases(bed: &TestBed) -> anyhow::Resul
         }
     }
     anyhow::ensure!(missed.is_empty(), "defects not caught: {missed:?}");
+    Ok(())
+}
+
+async fn a_chaos_run_of_the_reference_fleet_holds_every_invariant(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let _shared = bed.shared().await;
+    let settings = racecert::schedule::chaos::ChaosSettings::mixed_fleet(5);
+    let result = racecert::schedule::chaos::run_chaos(bed, &settings).await?;
+    let faults = result
+        .history
+        .events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::Fault { .. }))
+        .count();
+    let coverage: Vec<String> = result
+        .coverage
+        .faults
+        .iter()
+        .map(|(kind, (applied, landed))| format!("{kind} {landed}/{applied}"))
+        .collect();
+    eprintln!(
+        "    chaos: {} events, {faults} faults, {} final writes, coverage: {}",
+        result.history.events.len(),
+        result
+            .history
+            .audit
+            .iter()
+            .filter(|r| r.is_final_write())
+            .count(),
+        coverage.join(", ")
+    );
+    anyhow::ensure!(faults > 3, "the chaos run injected only {faults} faults");
+    anyhow::ensure!(
+        result.violations.is_empty(),
+        "the reference fleet broke under chaos (seed 5):\n{}\n{}",
+        result
+            .violations
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(""),
+        result.history.timeline()
+    );
     Ok(())
 }
