@@ -8,11 +8,21 @@
 //!
 //! ## Map of the modules
 //! - [`contract`]: what every worker under test agrees to: schema (jobs table + audit trigger),
-//!   Redis key names, job state machine, log fields, backend API.
-//! - [`env`]: the test bed: images built offline, containers, external services, the
+//!   Redis key names, job state machine, log lines, backend API, and the [`contract::worker`]
+//!   trait a team implements to plug its own worker in.
+//! - [`env`](mod@env): the test bed: images built offline, containers, external services, the
 //!   Toxiproxy-API fault proxy and its client, the wiremock model backends, the container reaper.
-//! - [`error`]: the library error type.
+//! - [`reference`](mod@reference): the seed's pipeline done right (submit, queue, worker, cutover), with a switch
+//!   per root cause ([`reference::defects`]) and checkpoints a harness can hold.
+//! - [`fault`]: the fault vocabulary.
+//! - [`schedule`]: schedules, the deterministic controlled runner, the chaos runner, proptest
+//!   exploration with shrinking.
+//! - [`history`]: what happened: worker events, the audit trail, the backend journals.
+//! - [`check`]: the invariants, each with a report.
+//! - [`suite`]: suite files and the certify runner.
+//! - [`report`]: terminal, JSON, JUnit XML and HTML/SVG reports.
 //! - [`smoke`]: the smoke scenario behind `racecert smoke`.
+//! - [`error`]: the library error type.
 //!
 //! ## The test bed in one example
 //! ```no_run
@@ -37,6 +47,7 @@ pub mod error;
 pub mod fault;
 pub mod history;
 pub mod reference;
+pub mod report;
 pub mod schedule;
 pub mod smoke;
 pub mod suite;

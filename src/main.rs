@@ -4,7 +4,12 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use racecert::env::images::{self, ImageConfig, Service};
 use racecert::env::{TestBed, TestBedBuilder, reaper};
+use racecert::reference::defects::{Defect, Defects};
+use racecert::report::Report;
+use racecert::suite::certify::{CertifyOptions, certify, parse_shard, replay_command, shard_of};
+use racecert::suite::file::{self as suite_file, LoadedSuite};
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
 #[command(
@@ -19,6 +24,47 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Certify the worker: run the suites (suites/*.toml, or those given) and write reports.
+    /// Exits 0 only if every suite came out as expected.
+    Certify {
+        /// Suite files to run (default: every suites/*.toml, or the shipped ones).
+        #[arg(long = "suite", value_name = "FILE")]
+        suites: Vec<PathBuf>,
+        /// Switch a defect on in the reference worker (repeatable).
+        #[arg(long = "defect", value_name = "NAME")]
+        defects: Vec<String>,
+        /// Cases per suite (overrides the suite files).
+        #[arg(long)]
+        cases: Option<u32>,
+        /// Seed (overrides the suite files).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Run shard i of n (e.g. 2/4); merge shard reports with `racecert report merge`.
+        #[arg(long)]
+        shard: Option<String>,
+        /// Where report.json, junit.xml and report.html go.
+        #[arg(long, default_value = "target/racecert")]
+        out: PathBuf,
+    },
+    /// Reproduce one case of a suite exactly and print its timeline.
+    Run {
+        /// Suite name or file.
+        suite: String,
+        /// Seed (default: the suite's).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Case number, as a failure report prints it (default: explore until a failure).
+        #[arg(long)]
+        case: Option<u32>,
+        /// Defects to switch on (repeatable).
+        #[arg(long = "defect", value_name = "NAME")]
+        defects: Vec<String>,
+    },
+    /// Work with reports.
+    Report {
+        #[command(subcommand)]
+        command: ReportCommand,
+    },
     /// Bring the test bed up, run the smoke scenario, print what it did, tear it down.
     Smoke,
     /// Build or list the service images (Redis, PostgreSQL, fault proxy).
@@ -83,6 +129,19 @@ enum EnvCommand {
 }
 
 #[derive(Subcommand)]
+enum ReportCommand {
+    /// Join shard reports (report.json files) into one set of reports.
+    Merge {
+        /// report.json files of the shards.
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
+        /// Where the merged reports go.
+        #[arg(long, default_value = "target/racecert")]
+        out: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
 enum ProxyCommand {
     /// Serve Toxiproxy's HTTP API (used by the proxy image).
     Serve {
@@ -95,7 +154,7 @@ enum ProxyCommand {
     },
 }
 
-fn main() -> Result<()> {
+fn main() -> Result<std::process::ExitCode> {
     let cli = Cli::parse();
     // The proxy server logs every proxy it starts: useful when it is the program, noise when it
     // is embedded in a test bed.
@@ -114,12 +173,245 @@ fn main() -> Result<()> {
         .enable_all()
         .build()
         .context("start the async runtime")?;
-    runtime.block_on(run(cli.command))
+    let code = runtime.block_on(run(cli.command))?;
+    Ok(code)
 }
 
-async fn run(command: Command) -> Result<()> {
+fn exit_code(passed: bool) -> std::process::ExitCode {
+    if passed {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    }
+}
+
+fn parse_defects(names: &[String]) -> Result<Defects> {
+    let defects = names
+        .iter()
+        .map(|name| name.parse::<Defect>())
+        .collect::<racecert::Result<Vec<_>>>()?;
+    Ok(Defects::of(defects))
+}
+
+/// Suite files given, else every `suites/*.toml` here, else the shipped suites.
+fn load_suites(paths: &[PathBuf]) -> Result<Vec<LoadedSuite>> {
+    if !paths.is_empty() {
+        return paths
+            .iter()
+            .map(|path| suite_file::load(path).map_err(anyhow::Error::from))
+            .collect();
+    }
+    let dir = Path::new("suites");
+    if dir.is_dir() {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .with_context(|| format!("read {}", dir.display()))?
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .filter(|path| path.extension().is_some_and(|ext| ext == "toml"))
+            .collect();
+        files.sort();
+        if !files.is_empty() {
+            return files
+                .iter()
+                .map(|path| suite_file::load(path).map_err(anyhow::Error::from))
+                .collect();
+        }
+    }
+    Ok(racecert::suite::shipped())
+}
+
+fn find_suite(name_or_path: &str) -> Result<LoadedSuite> {
+    let path = Path::new(name_or_path);
+    if path.is_file() {
+        return Ok(suite_file::load(path)?);
+    }
+    let all = load_suites(&[])?;
+    let names: Vec<String> = all.iter().map(|s| s.suite.name.clone()).collect();
+    all.into_iter()
+        .find(|s| s.suite.name == name_or_path)
+        .with_context(|| {
+            format!(
+                "no suite file or suite named {name_or_path:?}; suites: {}",
+                names.join(", ")
+            )
+        })
+}
+
+async fn certify_command(
+    suites: Vec<LoadedSuite>,
+    options: CertifyOptions,
+    out: &Path,
+) -> Result<std::process::ExitCode> {
+    println!(
+        "racecert certify: {} suite(s){}; bringing the test bed up (images are built on first use)",
+        suites.len(),
+        options
+            .shard
+            .map(|(i, n)| format!(", shard {i}/{n}"))
+            .unwrap_or_default()
+    );
+    let bed = TestBedBuilder::from_env()?.start().await?;
+    println!("test bed up in {:.1?}", bed.startup_time());
+    let bars = indicatif::MultiProgress::new();
+    let style = indicatif::ProgressStyle::with_template(
+        "{prefix:<26} [{bar:30}] {pos:>4}/{len:4} cases {elapsed:>4}",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    let by_name: std::collections::HashMap<String, indicatif::ProgressBar> = suites
+        .iter()
+        .map(|s| {
+            let bar = bars.add(indicatif::ProgressBar::new(u64::from(
+                options.cases.unwrap_or(s.suite.cases),
+            )));
+            bar.set_style(style.clone());
+            bar.set_prefix(s.suite.name.clone());
+            (s.suite.name.clone(), bar)
+        })
+        .collect();
+    let by_name = std::sync::Arc::new(by_name);
+    let progress = {
+        let by_name = by_name.clone();
+        move |suite: &str, done: u32| {
+            if let Some(bar) = by_name.get(suite) {
+                bar.set_position(u64::from(done));
+            }
+        }
+    };
+    let handle = tokio::runtime::Handle::current();
+    let result =
+        tokio::task::block_in_place(|| certify(&handle, &bed, &suites, &options, progress));
+    for bar in by_name.values() {
+        bar.finish();
+    }
+    bed.shutdown().await;
+    let report = result?;
+    report.write_all(out)?;
+    print!("{}", report.terminal());
+    println!(
+        "reports: {0}/report.html, {0}/report.json, {0}/junit.xml",
+        out.display()
+    );
+    Ok(exit_code(report.passed()))
+}
+
+async fn run_case(
+    suite: &str,
+    seed: Option<u64>,
+    case: Option<u32>,
+    defects: Defects,
+) -> Result<std::process::ExitCode> {
+    let loaded = find_suite(suite)?;
+    let seed = seed.unwrap_or(loaded.seed);
+    let suite = loaded.suite.clone().with_defects(defects.clone());
+    let bed = TestBedBuilder::from_env()?.start().await?;
+    let handle = tokio::runtime::Handle::current();
+    let config = racecert::schedule::explore::ExploreConfig {
+        cases: suite.cases,
+        seed,
+        regressions: defects
+            .iter()
+            .next()
+            .is_none()
+            .then(|| PathBuf::from("proptest-regressions").join(format!("{}.txt", suite.name))),
+        ..Default::default()
+    };
+    let result = tokio::task::block_in_place(|| -> Result<bool> {
+        let controller = handle.block_on(racecert::schedule::controlled::Controller::new(
+            &bed,
+            suite.settings.clone(),
+        ))?;
+        match case {
+            Some(case) => {
+                let (schedule, result) = racecert::schedule::explore::replay_case(
+                    &handle,
+                    &controller,
+                    &suite.space,
+                    &config,
+                    case,
+                )?;
+                println!("suite {} seed {seed} case {case}:\n{schedule}", suite.name);
+                println!("timeline:\n{}", result.history.timeline());
+                for violation in &result.violations {
+                    print!("{violation}");
+                }
+                if result.violations.is_empty() {
+                    println!("every invariant held");
+                }
+                Ok(result.violations.is_empty())
+            }
+            None => {
+                let report = racecert::schedule::explore::explore(
+                    &handle,
+                    &controller,
+                    &suite.space,
+                    &config,
+                )?;
+                match &report.counterexample {
+                    None => {
+                        println!(
+                            "suite {}: every invariant held over {} cases (seed {seed})",
+                            suite.name, report.cases_run
+                        );
+                        Ok(true)
+                    }
+                    Some(found) => {
+                        let replay = replay_command(&loaded, seed, found.found_after.0, &defects);
+                        print!("{}", found.report(seed, &replay));
+                        Ok(false)
+                    }
+                }
+            }
+        }
+    });
+    bed.shutdown().await;
+    Ok(exit_code(result?))
+}
+
+async fn run(command: Command) -> Result<std::process::ExitCode> {
     match command {
-        Command::Smoke => smoke().await,
+        Command::Certify {
+            suites,
+            defects,
+            cases,
+            seed,
+            shard,
+            out,
+        } => {
+            let shard = shard.as_deref().map(parse_shard).transpose()?;
+            let options = CertifyOptions {
+                defects: parse_defects(&defects)?,
+                cases,
+                seed,
+                shard,
+                regressions: Some(PathBuf::from("proptest-regressions")),
+            };
+            if cases == Some(0) {
+                anyhow::bail!("--cases must be at least 1");
+            }
+            // Every suite file is validated before anything runs.
+            let suites = shard_of(load_suites(&suites)?, shard);
+            certify_command(suites, options, &out).await
+        }
+        Command::Run {
+            suite,
+            seed,
+            case,
+            defects,
+        } => run_case(&suite, seed, case, parse_defects(&defects)?).await,
+        Command::Report {
+            command: ReportCommand::Merge { inputs, out },
+        } => {
+            let reports = inputs
+                .iter()
+                .map(|path| Report::read(path))
+                .collect::<racecert::Result<Vec<_>>>()?;
+            let merged = Report::merge(reports)?;
+            merged.write_all(&out)?;
+            print!("{}", merged.terminal());
+            println!("reports: {}", out.display());
+            Ok(exit_code(merged.passed()))
+        }
+        Command::Smoke => smoke().await.map(|()| std::process::ExitCode::SUCCESS),
         Command::Images { command } => match command {
             ImagesCommand::Build { force, only } => {
                 let config = ImageConfig::from_env()?;
@@ -141,7 +433,7 @@ async fn run(command: Command) -> Result<()> {
                         outcome.elapsed
                     );
                 }
-                Ok(())
+                Ok(std::process::ExitCode::SUCCESS)
             }
             ImagesCommand::List => {
                 let config = ImageConfig::from_env()?;
@@ -158,7 +450,7 @@ async fn run(command: Command) -> Result<()> {
                 }
                 println!("built by racecert:");
                 print!("{}", images::list_images()?);
-                Ok(())
+                Ok(std::process::ExitCode::SUCCESS)
             }
         },
         Command::Env {
@@ -172,7 +464,7 @@ async fn run(command: Command) -> Result<()> {
             );
             tokio::signal::ctrl_c().await?;
             bed.shutdown().await;
-            Ok(())
+            Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Clean { all } => {
             let removed = tokio::task::spawn_blocking(move || reaper::reap(all)).await??;
@@ -188,7 +480,7 @@ async fn run(command: Command) -> Result<()> {
                     container.owner.pid
                 );
             }
-            Ok(())
+            Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Proxy {
             command: ProxyCommand::Serve { host, port },
@@ -199,7 +491,7 @@ async fn run(command: Command) -> Result<()> {
                 let _ = tokio::signal::ctrl_c().await;
             })
             .await?;
-            Ok(())
+            Ok(std::process::ExitCode::SUCCESS)
         }
     }
 }

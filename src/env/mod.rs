@@ -737,7 +737,7 @@ impl TestBed {
         let new_addr = container.host_addr().await?;
         let old_addr = std::mem::replace(&mut *slot.lock().expect("poisoned"), new_addr);
         if new_addr != old_addr {
-            tracing::info!(service = container.service(), %old_addr, %new_addr, "service moved; re-pointing its proxies");
+            tracing::debug!(service = container.service(), %old_addr, %new_addr, "service moved; re-pointing its proxies");
             let mut names = vec![match target {
                 Target::Redis => self.redis_proxy.name().to_owned(),
                 _ => self.postgres_proxy.name().to_owned(),

@@ -18,6 +18,16 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// Called after every case with the number of cases run so far.
+#[derive(Clone)]
+pub struct Progress(pub std::sync::Arc<dyn Fn(u32) + Send + Sync>);
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Progress")
+    }
+}
+
 /// How to explore.
 #[derive(Debug, Clone)]
 pub struct ExploreConfig {
@@ -29,6 +39,10 @@ pub struct ExploreConfig {
     pub max_shrink_iters: u32,
     /// Where failing seeds are persisted and replayed from (None: nowhere).
     pub regressions: Option<PathBuf>,
+    /// Wall-clock budget: cases after it are not run (the report says so).
+    pub time_budget: Option<Duration>,
+    /// Progress callback.
+    pub progress: Option<Progress>,
 }
 
 impl Default for ExploreConfig {
@@ -38,6 +52,8 @@ impl Default for ExploreConfig {
             seed: 0,
             max_shrink_iters: 256,
             regressions: None,
+            time_budget: None,
+            progress: None,
         }
     }
 }
@@ -87,6 +103,8 @@ pub struct ExploreReport {
     pub coverage: Coverage,
     /// Wall time.
     pub elapsed: Duration,
+    /// Whether the time budget ran out before every case ran.
+    pub budget_exhausted: bool,
 }
 
 impl ExploreReport {
@@ -114,29 +132,28 @@ pub fn explore(
     config: &ExploreConfig,
 ) -> Result<ExploreReport> {
     let started = Instant::now();
-    let mut proptest_config = Config {
-        cases: config.cases,
-        max_shrink_iters: config.max_shrink_iters,
-        failure_persistence: None,
-        ..Config::default()
-    };
-    if let Some(path) = &config.regressions {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|err| Error::io_at(dir, err))?;
-        }
-        // proptest wants a 'static path; one small leak per exploration.
-        let leaked: &'static str = Box::leak(path.display().to_string().into_boxed_str());
-        proptest_config.failure_persistence =
-            Some(Box::new(FileFailurePersistence::Direct(leaked)));
-        proptest_config.source_file = Some(leaked);
-    }
-    let mut runner = TestRunner::new_with_rng(proptest_config, rng(config.seed));
+    let mut runner = runner(config)?;
     let strategy = space.strategy();
     let state = Mutex::new(State::default());
     let outcome = runner.run(&strategy, |schedule| {
+        {
+            let mut state = state.lock().expect("poisoned");
+            if state.first_failure.is_none()
+                && config
+                    .time_budget
+                    .is_some_and(|budget| started.elapsed() > budget)
+            {
+                // Out of budget: the remaining cases are generated (cheap) but not run.
+                state.budget_exhausted = true;
+                return Ok(());
+            }
+        }
         let result = runtime.block_on(controller.run(&schedule));
         let mut state = state.lock().expect("poisoned");
         state.cases += 1;
+        if let Some(progress) = &config.progress {
+            (progress.0)(state.cases);
+        }
         match result {
             Ok(result) => {
                 state.coverage.merge(&result.coverage);
@@ -194,12 +211,71 @@ pub fn explore(
         counterexample,
         coverage: state.coverage,
         elapsed: started.elapsed(),
+        budget_exhausted: state.budget_exhausted,
     })
+}
+
+/// Regenerates case `case` (1-based, as `found_after` and reports count) of an exploration with
+/// this configuration, without running the cases before it, and runs it. This is what
+/// `racecert run SUITE --seed S --case N` does.
+pub fn replay_case(
+    runtime: &tokio::runtime::Handle,
+    controller: &Controller<'_>,
+    space: &ScheduleSpace,
+    config: &ExploreConfig,
+    case: u32,
+) -> Result<(Schedule, CaseResult)> {
+    if case == 0 || case > config.cases {
+        return Err(Error::Config(format!(
+            "--case {case}: cases are numbered 1..={}",
+            config.cases
+        )));
+    }
+    let mut runner = runner(config)?;
+    let strategy = space.strategy();
+    let seen = Mutex::new((0u32, None::<Schedule>));
+    // Every case passes here, so proptest never shrinks; it only generates, in the same order.
+    let _ = runner.run(&strategy, |schedule| {
+        let mut seen = seen.lock().expect("poisoned");
+        seen.0 += 1;
+        if seen.0 == case {
+            seen.1 = Some(schedule);
+        }
+        Ok(())
+    });
+    let schedule = seen
+        .into_inner()
+        .expect("poisoned")
+        .1
+        .ok_or_else(|| Error::other(format!("case {case} was not generated")))?;
+    let result = runtime.block_on(controller.run(&schedule))?;
+    Ok((schedule, result))
+}
+
+/// A proptest runner for `config`: seeded, with the regression file if any.
+fn runner(config: &ExploreConfig) -> Result<TestRunner> {
+    let mut proptest_config = Config {
+        cases: config.cases,
+        max_shrink_iters: config.max_shrink_iters,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    if let Some(path) = &config.regressions {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|err| Error::io_at(dir, err))?;
+        }
+        // proptest wants a 'static path; one small leak per exploration.
+        let leaked: &'static str = Box::leak(path.display().to_string().into_boxed_str());
+        proptest_config.failure_persistence =
+            Some(Box::new(FileFailurePersistence::Direct(leaked)));
+    }
+    Ok(TestRunner::new_with_rng(proptest_config, rng(config.seed)))
 }
 
 #[derive(Default)]
 struct State {
     cases: u32,
+    budget_exhausted: bool,
     coverage: Coverage,
     first_failure: Option<(u32, Duration)>,
     harness_error: Option<String>,

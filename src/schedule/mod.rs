@@ -108,8 +108,11 @@ pub const STOP_POINTS: [Checkpoint; 7] = [
 pub struct ScheduleSpace {
     /// Workers of every case.
     pub workers: Vec<WorkerSpec>,
-    /// Versions served (cutover targets).
+    /// Versions served (targets of backend faults, and of cutovers unless `cutover_targets`).
     pub versions: Vec<String>,
+    /// Versions a cutover may switch to (empty: any of `versions`).
+    #[serde(default)]
+    pub cutover_targets: Vec<String>,
     /// Requests per case (at least one).
     pub max_requests: usize,
     /// Distinct inputs requests draw from.
@@ -183,10 +186,15 @@ impl ScheduleSpace {
                     .boxed(),
             ));
         }
-        if self.allows(FaultKind::Cutover) && !self.versions.is_empty() {
+        let targets = if self.cutover_targets.is_empty() {
+            self.versions.clone()
+        } else {
+            self.cutover_targets.clone()
+        };
+        if self.allows(FaultKind::Cutover) && !targets.is_empty() {
             steps.push((
                 2,
-                proptest::sample::select(self.versions.clone())
+                proptest::sample::select(targets)
                     .prop_map(|to| Step::Fault(Fault::Cutover { to }))
                     .boxed(),
             ));

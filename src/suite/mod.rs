@@ -2,12 +2,13 @@
 //! [`builtin`] lists the suites racecert ships, one per fault of the seed plus a full v1 -> v2
 //! rollout; every one of them must pass on the reference worker and report its fault coverage.
 
-use crate::check::Invariant;
+pub mod certify;
+pub mod file;
+
 use crate::fault::FaultKind;
 use crate::reference::defects::Defects;
+use crate::schedule::ScheduleSpace;
 use crate::schedule::controlled::CaseSettings;
-use crate::schedule::{ScheduleSpace, WorkerSpec};
-use std::time::Duration;
 
 /// A suite.
 #[derive(Debug, Clone)]
@@ -37,98 +38,73 @@ impl Suite {
     }
 }
 
-fn worker(id: &str, version: &str) -> WorkerSpec {
-    WorkerSpec {
-        id: id.into(),
-        version: version.into(),
-    }
+/// The suite files shipped in `suites/`, embedded so an installed binary has them too.
+pub const SHIPPED: [(&str, &str); 8] = [
+    (
+        "suites/upstream-timeout.toml",
+        include_str!("../../suites/upstream-timeout.toml"),
+    ),
+    (
+        "suites/retry-overlap.toml",
+        include_str!("../../suites/retry-overlap.toml"),
+    ),
+    (
+        "suites/lease-expiry.toml",
+        include_str!("../../suites/lease-expiry.toml"),
+    ),
+    (
+        "suites/worker-crash.toml",
+        include_str!("../../suites/worker-crash.toml"),
+    ),
+    (
+        "suites/redis-restart.toml",
+        include_str!("../../suites/redis-restart.toml"),
+    ),
+    (
+        "suites/partition.toml",
+        include_str!("../../suites/partition.toml"),
+    ),
+    (
+        "suites/stale-cache-at-cutover.toml",
+        include_str!("../../suites/stale-cache-at-cutover.toml"),
+    ),
+    (
+        "suites/full-rollout.toml",
+        include_str!("../../suites/full-rollout.toml"),
+    ),
+];
+
+/// The suites racecert ships (parsed from [`SHIPPED`]).
+pub fn shipped() -> Vec<file::LoadedSuite> {
+    SHIPPED
+        .iter()
+        .map(|(path, text)| file::parse(text, path).expect("shipped suites are valid"))
+        .collect()
 }
 
-fn suite(name: &str, description: &str, workers: Vec<WorkerSpec>, faults: &[FaultKind]) -> Suite {
-    Suite {
-        name: name.into(),
-        description: description.into(),
-        settings: CaseSettings {
-            workers: workers.clone(),
-            defects: Defects::none(),
-            invariants: Invariant::ALL.to_vec(),
-            backend_timeout: Duration::from_millis(250),
-            factory: std::sync::Arc::new(crate::reference::ReferenceFactory),
-        },
-        space: ScheduleSpace {
-            workers,
-            versions: vec!["v1".into(), "v2".into()],
-            max_requests: 2,
-            inputs: 2,
-            max_steps: 8,
-            faults: faults.to_vec(),
-        },
-        cases: 64,
-    }
-}
-
-/// The suites racecert ships.
+/// The shipped suites, as suites.
 pub fn builtin() -> Vec<Suite> {
-    use FaultKind::*;
-    let mixed = || vec![worker("worker-a", "v1"), worker("worker-c", "v2")];
-    let same = || vec![worker("worker-a", "v1"), worker("worker-b", "v1")];
-    vec![
-        suite(
-            "upstream-timeout",
-            "slow backends past the worker's timeout, with retries landing on other workers",
-            mixed(),
-            &[UpstreamTimeout, RetryOverlap, LeaseExpiry],
-        ),
-        suite(
-            "retry-overlap",
-            "redeliveries while the first attempt still runs, on workers of one version",
-            same(),
-            &[RetryOverlap, LeaseExpiry],
-        ),
-        suite(
-            "lease-expiry",
-            "leases running out while their holder is paused mid-job",
-            mixed(),
-            &[LeaseExpiry, RetryOverlap],
-        ),
-        suite(
-            "worker-crash",
-            "workers dying at any checkpoint, jobs picked up by others",
-            same(),
-            &[WorkerCrash, LeaseExpiry, RetryOverlap],
-        ),
-        suite(
-            "redis-restart",
-            "Redis restarting mid-job: every lease and the queue lost",
-            same(),
-            &[RedisRestart, RetryOverlap],
-        ),
-        suite(
-            "partition",
-            "Redis or Postgres unreachable for a span of steps",
-            same(),
-            &[Partition, RetryOverlap, LeaseExpiry],
-        ),
-        suite(
-            "stale-cache-at-cutover",
-            "cutover from v1 to v2 with identical inputs before and after",
-            mixed(),
-            &[Cutover, CacheInvalidationLag],
-        ),
-        suite(
-            "full-rollout",
-            "a v1 -> v2 rollout with every fault of the seed",
-            mixed(),
-            &[
-                UpstreamTimeout,
-                RetryOverlap,
-                LeaseExpiry,
-                WorkerCrash,
-                Partition,
-                Cutover,
-                CacheInvalidationLag,
-                BackendFailure,
-            ],
-        ),
-    ]
+    shipped().into_iter().map(|loaded| loaded.suite).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_file_in_suites_is_shipped_and_valid() {
+        let mut on_disk: Vec<String> = std::fs::read_dir("suites")
+            .expect("suites/ next to Cargo.toml")
+            .filter_map(|e| e.ok())
+            .map(|e| format!("suites/{}", e.file_name().to_string_lossy()))
+            .filter(|name| name.ends_with(".toml"))
+            .collect();
+        on_disk.sort();
+        let mut shipped: Vec<String> = SHIPPED.iter().map(|(path, _)| (*path).to_owned()).collect();
+        shipped.sort();
+        assert_eq!(on_disk, shipped, "suites/ and SHIPPED disagree");
+        let suites = super::shipped();
+        assert_eq!(suites.len(), SHIPPED.len());
+        assert!(suites.iter().all(|s| s.expect_pass));
+    }
 }

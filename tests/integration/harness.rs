@@ -153,9 +153,17 @@ async fn run_suite(
     seed: u64,
 ) -> anyhow::Result<racecert::schedule::explore::ExploreReport> {
     let controller = Controller::new(bed, suite.settings.clone()).await?;
+    // Reference runs replay (and record) the committed regression files; defect runs would only
+    // record their expected failures.
+    let regressions = suite.settings.defects.iter().next().is_none().then(|| {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("proptest-regressions")
+            .join(format!("{}.txt", suite.name))
+    });
     let config = ExploreConfig {
         cases,
         seed,
+        regressions,
         ..ExploreConfig::default()
     };
     let handle = tokio::runtime::Handle::current();

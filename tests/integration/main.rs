@@ -10,6 +10,7 @@
 
 mod backends;
 mod cleanup;
+mod cli;
 mod external;
 mod fenced_write;
 mod harness;
@@ -69,6 +70,7 @@ fn main() -> std::process::ExitCode {
         restart::tests(),
         external::tests(),
         cleanup::tests(),
+        cli::tests(),
     ]
     .into_iter()
     .flatten()

@@ -1,0 +1,732 @@
+//! Harness benchmark: how fast controlled cases run against the real containers, how soon
+//! exploration finds each defect, and how a hand-written stress test does with the same time.
+//!
+//! `cargo bench --bench harness`. It prints numbers and asserts nothing:
+//! 1. controlled cases per second of the reference worker on `lease-expiry` and `full-rollout`;
+//! 2. per defect, cases and seconds until the first failing case (`found_after`, measured before
+//!    any shrinking; shrinking is off here) over seeds 0..10, 256 cases at most;
+//! 3. a baseline "of the kind teams write by hand": free-running workers of mixed versions,
+//!    concurrent identical requests, seeded random sleeps between polls, a cutover half way for the
+//!    cache defects, the same invariants checked at the end of each round, for the wall-clock
+//!    budget exploration needed (at least 2 s) per defect and seed.
+//!
+//! The random sleeps of the baseline are the point of the baseline (that is how such tests find
+//! races, when they do); nothing else here sleeps to synchronise.
+
+use proptest::strategy::{Strategy, ValueTree};
+use proptest::test_runner::{Config as ProptestConfig, RngAlgorithm, TestRng, TestRunner};
+use racecert::check::{Invariant, Violation, check};
+use racecert::env::TestBed;
+use racecert::fault::FaultKind;
+use racecert::history::{Event, EventKind, History, SubmittedRequest, read_audit, read_jobs};
+use racecert::reference::Pipeline;
+use racecert::reference::checkpoints::Checkpoints;
+use racecert::reference::defects::{Defect, Defects};
+use racecert::reference::logsink::LogSink;
+use racecert::reference::queue::Queue;
+use racecert::reference::submit::InferenceRequest;
+use racecert::reference::worker::Worker;
+use racecert::schedule::controlled::{Controller, Coverage};
+use racecert::schedule::explore::{ExploreConfig, ExploreReport, explore};
+use racecert::suite::{Suite, builtin};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tokio::runtime::Runtime;
+
+/// Cases per suite for the throughput measurement.
+const THROUGHPUT_CASES: u32 = 200;
+/// Cases an exploration may use to find a defect (proptest's default).
+const DETECTION_CASES: u32 = 256;
+/// Seeds of the detection measurement.
+const DETECTION_SEEDS: u64 = 10;
+/// Seeds of the baseline.
+const BASELINE_SEEDS: u64 = 3;
+/// The least wall-clock budget a baseline gets per seed.
+const MIN_BUDGET: Duration = Duration::from_secs(2);
+
+/// Baseline: concurrent submissions of one request.
+const IDENTICAL_REQUESTS: usize = 4;
+/// Baseline (cache defects): other request ids with the same input, spread over a round.
+const SAME_INPUT_REQUESTS: usize = 6;
+/// Baseline (cache defects): the window in which submissions and the cutover happen.
+const CACHE_ROUND_WINDOW: Duration = Duration::from_millis(600);
+/// Baseline: longest random sleep between two polls of a worker.
+const MAX_POLL_PAUSE_MS: u64 = 40;
+/// Baseline: how long a round may wait for its jobs to end terminal and its deliveries to be
+/// acknowledged (a declined delivery comes back after the 1.5 s visibility timeout).
+const SETTLE_CAP: Duration = Duration::from_secs(3);
+const BASE_VISIBILITY: Duration = Duration::from_millis(1500);
+const BASE_BACKEND_TIMEOUT: Duration = Duration::from_secs(1);
+const BASE_LEASE: Duration = Duration::from_secs(2);
+const BASE_WORKERS: [(&str, &str); 4] = [
+    ("worker-a", "v1"),
+    ("worker-b", "v1"),
+    ("worker-c", "v2"),
+    ("worker-d", "v2"),
+];
+
+/// The built-in suite that catches a defect (as in `tests/integration/harness.rs`).
+fn suite_for(defect: Defect) -> &'static str {
+    match defect {
+        Defect::UnversionedCacheKey
+        | Defect::LateCacheInvalidation
+        | Defect::RereadActiveVersion => "stale-cache-at-cutover",
+        Defect::AckBeforeFinalWrite => "worker-crash",
+        Defect::RetryWithoutDedupe => "retry-overlap",
+        Defect::RandomIdPerRetry | Defect::UnfencedFinalWrite => "lease-expiry",
+    }
+}
+
+/// Whether the baseline exercises a defect with same-input traffic and a cutover.
+fn is_cache_defect(defect: Defect) -> bool {
+    suite_for(defect) == "stale-cache-at-cutover"
+}
+
+fn suite(name: &str) -> anyhow::Result<Suite> {
+    builtin()
+        .into_iter()
+        .find(|s| s.name == name)
+        .ok_or_else(|| anyhow::anyhow!("no built-in suite {name}"))
+}
+
+fn invariant_names(violations: &[Violation]) -> String {
+    let names: BTreeSet<&str> = violations.iter().map(|v| v.invariant.name()).collect();
+    names.into_iter().collect::<Vec<_>>().join(", ")
+}
+
+/// Runs an exploration from this (non-runtime) thread.
+fn explore_with(
+    rt: &Runtime,
+    controller: &Controller<'_>,
+    suite: &Suite,
+    cases: u32,
+    seed: u64,
+) -> anyhow::Result<ExploreReport> {
+    let config = ExploreConfig {
+        cases,
+        seed,
+        // Detection time, not shrinking time: found_after is taken at the first failing case.
+        max_shrink_iters: 0,
+        ..ExploreConfig::default()
+    };
+    Ok(explore(rt.handle(), controller, &suite.space, &config)?)
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Throughput
+
+/// The generator seed `explore` derives from a u64 seed (so seed 0 here means what it does there).
+fn test_rng(seed: u64) -> TestRng {
+    let mut bytes = [0u8; 32];
+    for (i, chunk) in bytes.chunks_mut(8).enumerate() {
+        chunk.copy_from_slice(&(seed.wrapping_add(i as u64)).to_le_bytes());
+    }
+    TestRng::from_seed(RngAlgorithm::ChaCha, &bytes)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Runs proptest-generated cases one at a time (not through `explore`, so one harness error is
+/// counted and the run goes on, and every case is timed).
+fn throughput(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
+    println!(
+        "\n## 1. Controlled cases per second, reference worker ({THROUGHPUT_CASES} generated cases each, seed 0; target 100 cases/s)"
+    );
+    for name in ["lease-expiry", "full-rollout"] {
+        let suite = suite(name)?;
+        let controller = rt.block_on(Controller::new(bed, suite.settings.clone()))?;
+        let strategy = suite.space.strategy();
+        let mut runner = TestRunner::new_with_rng(ProptestConfig::default(), test_rng(0));
+        let mut times = Vec::new();
+        let mut coverage = Coverage::default();
+        let mut failures = Vec::new();
+        let mut errors: Vec<(String, String, Duration)> = Vec::new();
+        let started = Instant::now();
+        for _ in 0..THROUGHPUT_CASES {
+            let schedule = strategy
+                .new_tree(&mut runner)
+                .map_err(|e| anyhow::anyhow!("generating a schedule: {e}"))?
+                .current();
+            let case_started = Instant::now();
+            let result = rt.block_on(controller.run(&schedule));
+            let took = case_started.elapsed();
+            times.push(took);
+            match result {
+                Ok(result) => {
+                    coverage.merge(&result.coverage);
+                    if !result.violations.is_empty() {
+                        failures.push(invariant_names(&result.violations));
+                    }
+                }
+                Err(err) => errors.push((err.to_string(), schedule.to_string(), took)),
+            }
+        }
+        let elapsed = started.elapsed();
+        let secs = elapsed.as_secs_f64();
+        println!(
+            "{name:<14} cases {:>4}  seconds {:>6.2}  cases/s {:>6.1}  failures {}  harness errors {}",
+            times.len(),
+            secs,
+            times.len() as f64 / secs,
+            failures.len(),
+            errors.len()
+        );
+        let mut sorted = times.clone();
+        sorted.sort();
+        let at = |q: f64| sorted[((sorted.len() as f64 * q) as usize).min(sorted.len() - 1)];
+        let quarter = times.len() / 4;
+        let mean = |slice: &[Duration]| {
+            slice.iter().sum::<Duration>().as_secs_f64() * 1e3 / slice.len().max(1) as f64
+        };
+        println!(
+            "{:<14} per case: mean {:.1} ms  p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms  max {:.1} ms; first quarter mean {:.1} ms, last quarter mean {:.1} ms",
+            "",
+            mean(&times),
+            ms(at(0.5)),
+            ms(at(0.9)),
+            ms(at(0.99)),
+            ms(at(1.0)),
+            mean(&times[..quarter]),
+            mean(&times[times.len() - quarter..])
+        );
+        let error_time: Duration = errors.iter().map(|(_, _, t)| *t).sum();
+        if !errors.is_empty() {
+            let ok = times.len() - errors.len();
+            println!(
+                "{:<14} without the errored cases: {ok} cases in {:.2} s = {:.1} cases/s",
+                "",
+                (elapsed - error_time).as_secs_f64(),
+                ok as f64 / (elapsed - error_time).as_secs_f64()
+            );
+            let (message, schedule, took) = &errors[0];
+            println!(
+                "{:<14} first harness error ({:.1} s): {message}\n{:<14} its schedule: {}",
+                "",
+                took.as_secs_f64(),
+                "",
+                schedule.replace('\n', " | ")
+            );
+        }
+        if !failures.is_empty() {
+            println!(
+                "{:<14} UNEXPECTED invariant failures: {}",
+                "",
+                failures.join("; ")
+            );
+        }
+        let landed: Vec<String> = coverage
+            .faults
+            .iter()
+            .map(|(kind, (applied, landed))| format!("{kind} {landed}/{applied}"))
+            .collect();
+        println!("{:<14} faults landed/applied: {}", "", landed.join(", "));
+        if let Some((applied, _)) = coverage.faults.get(&FaultKind::UpstreamTimeout) {
+            println!(
+                "{:<14} {applied} upstream-timeout faults: a slowed call waits out the {:?} backend timeout (>= {:.1} s of this run if each slowed one call)",
+                "",
+                suite.settings.backend_timeout,
+                f64::from(*applied) * suite.settings.backend_timeout.as_secs_f64()
+            );
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Detection by exploration
+
+struct Detection {
+    defect: Defect,
+    /// Per seed: (cases, time) to the first failing case, None if not found in the budget.
+    found: Vec<Option<(u32, Duration)>>,
+    invariants: BTreeSet<&'static str>,
+    elapsed: Duration,
+}
+
+impl Detection {
+    fn detected(&self) -> usize {
+        self.found.iter().flatten().count()
+    }
+
+    /// Mean seconds to detection over the seeds that detected it.
+    fn mean_secs(&self) -> Option<f64> {
+        let found: Vec<f64> = self
+            .found
+            .iter()
+            .flatten()
+            .map(|(_, t)| t.as_secs_f64())
+            .collect();
+        (!found.is_empty()).then(|| found.iter().sum::<f64>() / found.len() as f64)
+    }
+
+    /// The baseline's budget: racecert's mean detection time, at least [`MIN_BUDGET`].
+    fn budget(&self) -> Duration {
+        let mean = self
+            .mean_secs()
+            .unwrap_or(self.elapsed.as_secs_f64() / DETECTION_SEEDS as f64);
+        Duration::from_secs_f64(mean).max(MIN_BUDGET)
+    }
+}
+
+fn detection(rt: &Runtime, bed: &TestBed) -> anyhow::Result<Vec<Detection>> {
+    println!(
+        "\n## 2. Exploration: first failing case per defect (seeds 0..{DETECTION_SEEDS}, <= {DETECTION_CASES} cases, no shrinking)"
+    );
+    println!(
+        "{:<24} {:<22} {:>8} {:>10} {:>9} {:>10} {:>9}  invariants broken",
+        "defect", "suite", "detected", "mean cases", "max cases", "mean s", "max s"
+    );
+    let mut out = Vec::new();
+    for defect in Defect::ALL {
+        let suite = suite(suite_for(defect))?.with_defects(Defects::of([defect]));
+        let controller = rt.block_on(Controller::new(bed, suite.settings.clone()))?;
+        let started = Instant::now();
+        let mut found = Vec::new();
+        let mut invariants = BTreeSet::new();
+        let mut errors = Vec::new();
+        for seed in 0..DETECTION_SEEDS {
+            match explore_with(rt, &controller, &suite, DETECTION_CASES, seed) {
+                Ok(report) => match &report.counterexample {
+                    Some(c) => {
+                        found.push(Some(c.found_after));
+                        invariants.extend(c.result.violations.iter().map(|v| v.invariant.name()));
+                    }
+                    None => found.push(None),
+                },
+                // A harness error is not a finding: count the seed as a miss and say why.
+                Err(err) => {
+                    found.push(None);
+                    errors.push(format!("seed {seed}: {err}"));
+                }
+            }
+        }
+        let d = Detection {
+            defect,
+            found,
+            invariants,
+            elapsed: started.elapsed(),
+        };
+        let cases: Vec<u32> = d.found.iter().flatten().map(|(c, _)| *c).collect();
+        let secs: Vec<f64> = d
+            .found
+            .iter()
+            .flatten()
+            .map(|(_, t)| t.as_secs_f64())
+            .collect();
+        let (mean_cases, max_cases, mean_s, max_s) = if cases.is_empty() {
+            ("-".into(), "-".into(), "-".into(), "-".into())
+        } else {
+            (
+                format!(
+                    "{:.1}",
+                    cases.iter().map(|&c| f64::from(c)).sum::<f64>() / cases.len() as f64
+                ),
+                cases.iter().max().copied().unwrap_or(0).to_string(),
+                format!("{:.3}", d.mean_secs().unwrap_or(0.0)),
+                format!("{:.3}", secs.iter().copied().fold(0.0, f64::max)),
+            )
+        };
+        println!(
+            "{:<24} {:<22} {:>5}/{:<2} {:>10} {:>9} {:>10} {:>9}  {}",
+            defect.name(),
+            suite.name,
+            d.detected(),
+            DETECTION_SEEDS,
+            mean_cases,
+            max_cases,
+            mean_s,
+            max_s,
+            d.invariants.iter().copied().collect::<Vec<_>>().join(", ")
+        );
+        println!(
+            "{:<24} per seed (cases): {}   ({:.1} s for all seeds)",
+            "",
+            d.found
+                .iter()
+                .map(|f| f.map_or("miss".to_string(), |(c, _)| c.to_string()))
+                .collect::<Vec<_>>()
+                .join(" "),
+            d.elapsed.as_secs_f64()
+        );
+        for error in &errors {
+            println!("{:<24} HARNESS ERROR {error}", "");
+        }
+        out.push(d);
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Baseline: a free-running stress test with random sleeps
+
+/// What one baseline round saw.
+struct Round {
+    violations: Vec<Violation>,
+    /// Whether every job ended terminal with every delivery acknowledged before the cap.
+    settled: bool,
+    worker_errors: usize,
+}
+
+/// Something the coordinator of a round does at an offset from the round's start.
+enum Action {
+    Submit(String),
+    Cutover,
+    Invalidate,
+}
+
+async fn baseline_round(
+    bed: &TestBed,
+    defects: &Defects,
+    cache_traffic: bool,
+    namespace: &str,
+    seed: u64,
+) -> anyhow::Result<Round> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let pipeline = Pipeline::on(bed, namespace, LogSink::default()).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = tokio::task::JoinSet::new();
+    for (i, (id, version)) in BASE_WORKERS.iter().enumerate() {
+        let config = pipeline
+            .worker_config(id, version)
+            .backend_timeout(BASE_BACKEND_TIMEOUT)
+            .upstream_warn_after(BASE_BACKEND_TIMEOUT / 2)
+            .visibility_timeout(BASE_VISIBILITY)
+            .lease_ttl(BASE_LEASE)
+            .defects(defects.clone())
+            .seed(seed)
+            .build()?;
+        let worker: Worker = pipeline.worker(config, Checkpoints::free()).await?;
+        let stop = stop.clone();
+        let mut pauses = StdRng::seed_from_u64(seed.wrapping_mul(31).wrapping_add(i as u64 + 1));
+        workers.spawn(async move {
+            let mut errors = 0usize;
+            while !stop.load(Ordering::SeqCst) {
+                if worker.poll_once().await.is_err() {
+                    errors += 1;
+                }
+                let pause = pauses.random_range(0..=MAX_POLL_PAUSE_MS);
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+            errors
+        });
+    }
+
+    // The coordinator's plan: N identical submissions at once, and for the cache defects the
+    // same input under other request ids at random times, a cutover half way and the (late)
+    // invalidation of the old cache entries a little after it.
+    let mut plan: Vec<(Duration, Action)> = Vec::new();
+    if cache_traffic {
+        for r in 1..=SAME_INPUT_REQUESTS {
+            let at = rng.random_range(0..CACHE_ROUND_WINDOW.as_millis() as u64);
+            plan.push((
+                Duration::from_millis(at),
+                Action::Submit(format!("req-{r}")),
+            ));
+        }
+        let half = CACHE_ROUND_WINDOW / 2;
+        plan.push((half, Action::Cutover));
+        let lag = rng.random_range(0..=CACHE_ROUND_WINDOW.as_millis() as u64 / 4);
+        plan.push((half + Duration::from_millis(lag), Action::Invalidate));
+    }
+    plan.sort_by_key(|(at, _)| *at);
+
+    let started = tokio::time::Instant::now();
+    let mut submissions = tokio::task::JoinSet::new();
+    for _ in 0..IDENTICAL_REQUESTS {
+        let mut api = pipeline.api.clone();
+        submissions.spawn(async move {
+            api.submit(&InferenceRequest {
+                request_id: "req-0".into(),
+                input: "input-0".into(),
+            })
+            .await
+            .map(|s| ("req-0".to_string(), s.idempotency_key))
+        });
+    }
+    let mut cutover = None;
+    for (at, action) in plan {
+        tokio::time::sleep_until(started + at).await;
+        match action {
+            Action::Submit(request_id) => {
+                let mut api = pipeline.api.clone();
+                submissions.spawn(async move {
+                    api.submit(&InferenceRequest {
+                        request_id: request_id.clone(),
+                        input: "input-0".into(),
+                    })
+                    .await
+                    .map(|s| (request_id, s.idempotency_key))
+                });
+            }
+            Action::Cutover => cutover = Some(pipeline.cutover("v2", defects).await?),
+            Action::Invalidate => {
+                if let Some(cutover) = cutover.as_mut() {
+                    pipeline.invalidate(cutover).await?;
+                }
+            }
+        }
+    }
+    let mut requests: Vec<SubmittedRequest> = Vec::new();
+    while let Some(joined) = submissions.join_next().await {
+        let (request_id, idempotency_key) = joined??;
+        if !requests
+            .iter()
+            .any(|r| r.idempotency_key == idempotency_key)
+        {
+            requests.push(SubmittedRequest {
+                request_id,
+                idempotency_key,
+            });
+        }
+    }
+
+    // End of the round: every job terminal and every delivery acknowledged, or the cap.
+    let prefix = pipeline.keys.prefix().to_owned();
+    let mut queue = Queue::open(pipeline.infra.redis.clone(), &pipeline.keys).await?;
+    let settle_deadline = tokio::time::Instant::now() + SETTLE_CAP;
+    let mut settled = false;
+    while tokio::time::Instant::now() < settle_deadline {
+        let jobs = read_jobs(&pipeline.infra.pg, &prefix).await?;
+        let terminal = requests.iter().all(|r| {
+            jobs.iter().any(|j| {
+                j.idempotency_key == r.idempotency_key
+                    && matches!(j.status.as_str(), "SUCCEEDED" | "FAILED" | "CANCELLED")
+            })
+        });
+        if terminal && queue.pending_count().await? == 0 {
+            settled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut worker_errors = 0;
+    while let Some(joined) = workers.join_next().await {
+        worker_errors += joined?;
+    }
+
+    let events = pipeline
+        .log
+        .lines()
+        .into_iter()
+        .map(|line| Event {
+            step: 0,
+            at_ms: 0,
+            kind: EventKind::Worker(line),
+        })
+        .collect();
+    let mut journal = Vec::new();
+    for version in bed.versions() {
+        journal.extend(bed.backend(version)?.journal(Some(&prefix)).await);
+    }
+    let history = History {
+        events,
+        audit: read_audit(&pipeline.infra.pg, &prefix).await?,
+        journal,
+        jobs: read_jobs(&pipeline.infra.pg, &prefix).await?,
+        requests,
+    };
+    let violations = check(&history, &Invariant::ALL);
+    pipeline.infra.pg.close().await;
+    Ok(Round {
+        violations,
+        settled,
+        worker_errors,
+    })
+}
+
+/// One seed of the baseline: rounds until a violation or the budget is spent (a round started
+/// within the budget runs to its end).
+struct BaselineRun {
+    rounds: u32,
+    /// (round, seconds) of the first round with a violation.
+    found: Option<(u32, f64)>,
+    invariants: String,
+    elapsed: f64,
+    unsettled: u32,
+    worker_errors: usize,
+    errors: Vec<String>,
+}
+
+fn baseline_seed(
+    rt: &Runtime,
+    bed: &TestBed,
+    label: &str,
+    defects: &Defects,
+    cache_traffic: bool,
+    seed: u64,
+    budget: Duration,
+) -> anyhow::Result<BaselineRun> {
+    let started = Instant::now();
+    let mut run = BaselineRun {
+        rounds: 0,
+        found: None,
+        invariants: String::new(),
+        elapsed: 0.0,
+        unsettled: 0,
+        worker_errors: 0,
+        errors: Vec::new(),
+    };
+    while started.elapsed() < budget {
+        let round = run.rounds;
+        let namespace = format!("{label}-base{seed}r{round}");
+        let round_seed = seed.wrapping_mul(1_000_003).wrapping_add(u64::from(round));
+        let result = rt.block_on(baseline_round(
+            bed,
+            defects,
+            cache_traffic,
+            &namespace,
+            round_seed,
+        ));
+        run.rounds += 1;
+        let result = match result {
+            Ok(result) => result,
+            // A round the harness could not run is not a finding: count it and go on.
+            Err(err) => {
+                run.errors.push(format!("round {round}: {err}"));
+                continue;
+            }
+        };
+        run.unsettled += u32::from(!result.settled);
+        run.worker_errors += result.worker_errors;
+        if !result.violations.is_empty() {
+            run.found = Some((run.rounds, started.elapsed().as_secs_f64()));
+            run.invariants = invariant_names(&result.violations);
+            break;
+        }
+    }
+    run.elapsed = started.elapsed().as_secs_f64();
+    Ok(run)
+}
+
+fn baseline(rt: &Runtime, bed: &TestBed, detections: &[Detection]) -> anyhow::Result<()> {
+    println!(
+        "\n## 3. Baseline stress test: {} workers (2 on v1, 2 on v2, free running, sleeps 0-{MAX_POLL_PAUSE_MS} ms between polls),",
+        BASE_WORKERS.len()
+    );
+    println!(
+        "##    {IDENTICAL_REQUESTS} concurrent identical requests per round (+{SAME_INPUT_REQUESTS} same-input requests and a cutover to v2 half way for the cache defects),"
+    );
+    println!(
+        "##    visibility {BASE_VISIBILITY:?}, backend timeout {BASE_BACKEND_TIMEOUT:?}, lease {BASE_LEASE:?}; invariants checked per round; seeds 0..{BASELINE_SEEDS}"
+    );
+
+    // Calibration: the correct worker must not trip the baseline's own checks.
+    for (cache_traffic, what) in [(false, "plain rounds"), (true, "cutover rounds")] {
+        let run = baseline_seed(
+            rt,
+            bed,
+            if cache_traffic { "refcut" } else { "ref" },
+            &Defects::none(),
+            cache_traffic,
+            0,
+            MIN_BUDGET,
+        )?;
+        println!(
+            "reference worker, {what:<14}: {} rounds in {:.2} s, {} (unsettled rounds {}, worker errors {})",
+            run.rounds,
+            run.elapsed,
+            match run.found {
+                Some((round, _)) => format!("FALSE ALARM in round {round}: {}", run.invariants),
+                None => "no violation".into(),
+            },
+            run.unsettled,
+            run.worker_errors
+        );
+        for error in &run.errors {
+            println!("  round error: {error}");
+        }
+    }
+
+    println!(
+        "{:<24} {:>8}  {:<56} {:>10} {:>10}",
+        "defect", "budget", "baseline per seed", "baseline", "racecert"
+    );
+    for d in detections {
+        let budget = d.budget();
+        let defects = Defects::of([d.defect]);
+        let mut cells = Vec::new();
+        let mut detected = 0;
+        let mut notes = BTreeSet::new();
+        for seed in 0..BASELINE_SEEDS {
+            let run = baseline_seed(
+                rt,
+                bed,
+                d.defect.name(),
+                &defects,
+                is_cache_defect(d.defect),
+                seed,
+                budget,
+            )?;
+            let in_budget = run
+                .found
+                .is_some_and(|(_, secs)| secs <= budget.as_secs_f64());
+            detected += usize::from(in_budget);
+            cells.push(match run.found {
+                Some((round, secs)) => format!(
+                    "s{seed}:{} r{round}/{:.2}s",
+                    if in_budget { "yes" } else { "late" },
+                    secs
+                ),
+                None => format!("s{seed}:no ({}r/{:.1}s)", run.rounds, run.elapsed),
+            });
+            if !run.invariants.is_empty() {
+                notes.insert(run.invariants.clone());
+            }
+            if run.unsettled > 0 {
+                notes.insert(format!("s{seed}: {} unsettled round(s)", run.unsettled));
+            }
+            if let Some(first) = run.errors.first() {
+                notes.insert(format!(
+                    "s{seed}: {} round error(s), first: {first}",
+                    run.errors.len()
+                ));
+            }
+        }
+        println!(
+            "{:<24} {:>7.2}s  {:<56} {:>7}/{:<2} {:>7}/{:<2}  {}",
+            d.defect.name(),
+            budget.as_secs_f64(),
+            cells.join("  "),
+            detected,
+            BASELINE_SEEDS,
+            d.detected(),
+            DETECTION_SEEDS,
+            notes.into_iter().collect::<Vec<_>>().join("; ")
+        );
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+
+fn run(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
+    throughput(rt, bed)?;
+    let detections = detection(rt, bed)?;
+    baseline(rt, bed, &detections)
+}
+
+fn main() -> anyhow::Result<()> {
+    println!("$ cargo bench --bench harness");
+    println!("racecert harness benchmark (numbers only, no assertions)");
+    let started = Instant::now();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let bed = rt.block_on(TestBed::builder().start())?;
+    println!(
+        "test bed up in {:.2?} (Redis, Postgres, fault proxy, backends v1 and v2)",
+        bed.startup_time()
+    );
+    let outcome = run(&rt, &bed);
+    rt.block_on(bed.shutdown());
+    outcome?;
+    println!("\ntotal {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}

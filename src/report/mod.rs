@@ -1,0 +1,616 @@
+//! Reports people can read: a terminal summary, JSON (also the input of `racecert report merge`
+//! for sharded runs), JUnit XML for CI systems, and an HTML page with an SVG sequence diagram of
+//! every counterexample (lanes: API, queue, each worker with its version, Redis, Postgres, each
+//! backend), faults and violating writes marked.
+
+mod svg;
+
+use crate::check::Violation;
+use crate::fault::FaultKind;
+use crate::history::{EventKind, History};
+use crate::schedule::Schedule;
+use crate::schedule::controlled::Coverage;
+use crate::schedule::explore::{Counterexample, ExploreReport};
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// A whole certification run (or one shard of it).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Report {
+    /// racecert's version.
+    pub racecert_version: String,
+    /// When the run started (UTC).
+    pub started_at: String,
+    /// Shard `i/n` this report covers, if sharded.
+    pub shard: Option<(u32, u32)>,
+    /// One entry per suite run.
+    pub suites: Vec<SuiteOutcome>,
+}
+
+/// One fault kind's coverage.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CoverageRow {
+    /// Fault kind.
+    pub fault: String,
+    /// The path it targets.
+    pub target: String,
+    /// Times applied.
+    pub applied: u32,
+    /// Times it reached its target path.
+    pub landed: u32,
+}
+
+/// One broken invariant.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ViolationReport {
+    /// Invariant name.
+    pub invariant: String,
+    /// What should hold.
+    pub should_hold: String,
+    /// What was observed.
+    pub observed: String,
+    /// Proof.
+    pub evidence: Vec<String>,
+}
+
+/// One arrow (or fault band) of a sequence diagram.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DiagramEvent {
+    /// Schedule step.
+    pub step: usize,
+    /// Lane it starts at.
+    pub from: String,
+    /// Lane it ends at (same as `from` for a fault band).
+    pub to: String,
+    /// Text on the arrow.
+    pub label: String,
+    /// `message`, `fault` or `violation`.
+    pub kind: String,
+}
+
+/// A shrunk counterexample, as reported.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CounterexampleReport {
+    /// Broken invariants.
+    pub violations: Vec<ViolationReport>,
+    /// The minimal schedule.
+    pub schedule: Schedule,
+    /// The timeline in the seed's log format.
+    pub timeline: String,
+    /// Lanes of the sequence diagram, left to right.
+    pub lanes: Vec<String>,
+    /// The diagram's events.
+    pub diagram: Vec<DiagramEvent>,
+    /// Cases before the first failure.
+    pub found_after_cases: u32,
+    /// Milliseconds before the first failure.
+    pub found_after_ms: u64,
+    /// The command that reproduces it.
+    pub replay: String,
+}
+
+/// One suite's result.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SuiteOutcome {
+    /// Suite name.
+    pub name: String,
+    /// Suite file.
+    pub path: String,
+    /// Defects switched on.
+    pub defects: Vec<String>,
+    /// Seed.
+    pub seed: u64,
+    /// Cases run.
+    pub cases_run: u32,
+    /// Wall time, ms.
+    pub elapsed_ms: u64,
+    /// Whether every invariant held.
+    pub held: bool,
+    /// Whether the suite was expected to pass.
+    pub expect_pass: bool,
+    /// Fault coverage.
+    pub coverage: Vec<CoverageRow>,
+    /// Fault kinds enabled that never reached their target path.
+    pub not_covered: Vec<String>,
+    /// The counterexample, if an invariant broke.
+    pub counterexample: Option<CounterexampleReport>,
+    /// A harness error that stopped the suite (never a verdict).
+    pub error: Option<String>,
+}
+
+impl SuiteOutcome {
+    /// Whether the outcome is what the suite expects (pass held, or an expected failure found).
+    pub fn as_expected(&self) -> bool {
+        self.error.is_none() && self.held == self.expect_pass
+    }
+
+    /// Builds the outcome of an exploration.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_exploration(
+        name: &str,
+        path: &str,
+        defects: Vec<String>,
+        seed: u64,
+        expect_pass: bool,
+        enabled: &[FaultKind],
+        report: &ExploreReport,
+        replay: String,
+    ) -> SuiteOutcome {
+        let coverage = coverage_rows(enabled, &report.coverage);
+        let not_covered = coverage
+            .iter()
+            .filter(|row| row.landed == 0)
+            .map(|row| row.fault.clone())
+            .collect();
+        SuiteOutcome {
+            name: name.to_owned(),
+            path: path.to_owned(),
+            defects,
+            seed,
+            cases_run: report.cases_run,
+            elapsed_ms: report.elapsed.as_millis() as u64,
+            held: report.counterexample.is_none(),
+            expect_pass,
+            coverage,
+            not_covered,
+            counterexample: report
+                .counterexample
+                .as_ref()
+                .map(|c| counterexample_report(c, replay)),
+            error: None,
+        }
+    }
+}
+
+fn coverage_rows(enabled: &[FaultKind], coverage: &Coverage) -> Vec<CoverageRow> {
+    enabled
+        .iter()
+        .map(|kind| {
+            let (applied, landed) = coverage.faults.get(kind).copied().unwrap_or((0, 0));
+            CoverageRow {
+                fault: kind.name().to_owned(),
+                target: kind.target_path().to_owned(),
+                applied,
+                landed,
+            }
+        })
+        .collect()
+}
+
+fn violation_report(violation: &Violation) -> ViolationReport {
+    ViolationReport {
+        invariant: violation.invariant.name().to_owned(),
+        should_hold: violation.invariant.statement().to_owned(),
+        observed: violation.observed.clone(),
+        evidence: violation.evidence.clone(),
+    }
+}
+
+/// Lanes and arrows of a counterexample's sequence diagram.
+pub fn diagram(history: &History, violations: &[Violation]) -> (Vec<String>, Vec<DiagramEvent>) {
+    let mut workers: Vec<String> = Vec::new();
+    let mut backends: Vec<String> = Vec::new();
+    for event in &history.events {
+        if let EventKind::Worker(line) = &event.kind {
+            if let (Some(worker), Some(version)) =
+                (line.get("worker_id"), line.get("model_version"))
+            {
+                let lane = format!("{worker} ({version})");
+                if !workers.contains(&lane) {
+                    workers.push(lane);
+                }
+            }
+            if let Some(backend) = line.get("backend_endpoint").filter(|b| *b != "-")
+                && line.status() == Some("inference_started")
+                && !backends.contains(&backend.to_owned())
+            {
+                backends.push(backend.to_owned());
+            }
+        }
+    }
+    let mut lanes = vec!["API".to_owned(), "queue".to_owned()];
+    lanes.extend(workers.iter().cloned());
+    lanes.extend(["Redis".to_owned(), "Postgres".to_owned()]);
+    lanes.extend(backends.iter().cloned());
+    let evidence: Vec<&str> = violations
+        .iter()
+        .flat_map(|v| v.evidence.iter().map(String::as_str))
+        .collect();
+    let mut events = Vec::new();
+    for request in &history.requests {
+        events.push(DiagramEvent {
+            step: 0,
+            from: "API".into(),
+            to: "queue".into(),
+            label: format!("submit {}", request.request_id),
+            kind: "message".into(),
+        });
+    }
+    for event in &history.events {
+        match &event.kind {
+            EventKind::Step(_) => {}
+            EventKind::Fault { what, fields } => {
+                let detail: Vec<String> = fields
+                    .iter()
+                    .filter(|(k, _)| k != "idempotency_key" && k != "error")
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                events.push(DiagramEvent {
+                    step: event.step,
+                    from: lanes[0].clone(),
+                    to: lanes[lanes.len() - 1].clone(),
+                    label: format!("{what} {}", detail.join(" ")).trim().to_owned(),
+                    kind: "fault".into(),
+                });
+            }
+            EventKind::Worker(line) => {
+                let Some(status) = line.status() else {
+                    continue;
+                };
+                let worker = match (line.get("worker_id"), line.get("model_version")) {
+                    (Some(w), Some(v)) => format!("{w} ({v})"),
+                    _ => {
+                        if status == "cutover" {
+                            events.push(DiagramEvent {
+                                step: event.step,
+                                from: "API".into(),
+                                to: "Redis".into(),
+                                label: format!(
+                                    "cutover {} -> {}",
+                                    line.get("previous_model_version").unwrap_or("-"),
+                                    line.get("new_model_version").unwrap_or("-")
+                                ),
+                                kind: "fault".into(),
+                            });
+                        }
+                        continue;
+                    }
+                };
+                let backend = line.get("backend_endpoint").unwrap_or("-").to_owned();
+                let (from, to) = match status {
+                    "job_received" | "retry_dispatched" => ("queue".to_owned(), worker.clone()),
+                    "acked" => (worker.clone(), "queue".to_owned()),
+                    "lease_acquired" | "duplicate_skipped" | "lease_released" | "lease_lost"
+                    | "cache_hit" | "cache_miss" | "cache_written" => {
+                        (worker.clone(), "Redis".to_owned())
+                    }
+                    "inference_started" => (worker.clone(), backend.clone()),
+                    "timeout_waiting_upstream" | "upstream_failed" => {
+                        (backend.clone(), worker.clone())
+                    }
+                    _ => (worker.clone(), "Postgres".to_owned()),
+                };
+                let to = if lanes.contains(&to) {
+                    to
+                } else {
+                    from.clone()
+                };
+                let from = if lanes.contains(&from) {
+                    from
+                } else {
+                    to.clone()
+                };
+                let logfmt = line.to_logfmt();
+                let violating = matches!(status, "late_success" | "overwrite_detected")
+                    || evidence.iter().any(|e| e.ends_with(&logfmt));
+                let mut label = status.to_owned();
+                for key in [
+                    "generation",
+                    "served_model_version",
+                    "previous_model_version",
+                ] {
+                    if let Some(value) = line.get(key) {
+                        let _ = write!(label, " {key}={value}");
+                    }
+                }
+                events.push(DiagramEvent {
+                    step: event.step,
+                    from,
+                    to,
+                    label,
+                    kind: if violating { "violation" } else { "message" }.into(),
+                });
+            }
+        }
+    }
+    (lanes, events)
+}
+
+fn counterexample_report(found: &Counterexample, replay: String) -> CounterexampleReport {
+    let (lanes, diagram) = diagram(&found.result.history, &found.result.violations);
+    CounterexampleReport {
+        violations: found
+            .result
+            .violations
+            .iter()
+            .map(violation_report)
+            .collect(),
+        schedule: found.schedule.clone(),
+        timeline: found.result.history.timeline(),
+        lanes,
+        diagram,
+        found_after_cases: found.found_after.0,
+        found_after_ms: found.found_after.1.as_millis() as u64,
+        replay,
+    }
+}
+
+impl Report {
+    /// An empty report starting now.
+    pub fn new(shard: Option<(u32, u32)>) -> Report {
+        Report {
+            racecert_version: env!("CARGO_PKG_VERSION").to_owned(),
+            started_at: crate::contract::log::timestamp_now(),
+            shard,
+            suites: Vec::new(),
+        }
+    }
+
+    /// Whether every suite came out as expected.
+    pub fn passed(&self) -> bool {
+        self.suites.iter().all(SuiteOutcome::as_expected)
+    }
+
+    /// Joins shard reports into one (suites in name order; a suite present twice is an error).
+    pub fn merge(reports: Vec<Report>) -> Result<Report> {
+        let mut merged = Report::new(None);
+        if let Some(first) = reports.first() {
+            merged.started_at = first.started_at.clone();
+        }
+        for report in reports {
+            for suite in report.suites {
+                if merged
+                    .suites
+                    .iter()
+                    .any(|s| s.name == suite.name && s.defects == suite.defects)
+                {
+                    return Err(Error::Config(format!(
+                        "suite {} appears in more than one shard report",
+                        suite.name
+                    )));
+                }
+                merged.suites.push(suite);
+            }
+        }
+        merged
+            .suites
+            .sort_by(|a, b| (&a.name, &a.defects).cmp(&(&b.name, &b.defects)));
+        Ok(merged)
+    }
+
+    /// The terminal summary: per suite cases, verdict, time; per violation the invariant, seed
+    /// and replay command.
+    pub fn terminal(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<26} {:<26} {:>6} {:>9}  verdict",
+            "suite", "defects", "cases", "time"
+        );
+        for suite in &self.suites {
+            let verdict = match (&suite.error, suite.held, suite.expect_pass) {
+                (Some(_), _, _) => "ERROR",
+                (None, true, true) => "pass",
+                (None, false, false) => "caught (expected)",
+                (None, false, true) => "FAIL",
+                (None, true, false) => "NOT CAUGHT",
+            };
+            let defects = if suite.defects.is_empty() {
+                "-".to_owned()
+            } else {
+                suite.defects.join(",")
+            };
+            let _ = writeln!(
+                out,
+                "{:<26} {:<26} {:>6} {:>8.1}s  {verdict}",
+                suite.name,
+                defects,
+                suite.cases_run,
+                suite.elapsed_ms as f64 / 1000.0
+            );
+            if !suite.not_covered.is_empty() {
+                let _ = writeln!(out, "    not covered: {}", suite.not_covered.join(", "));
+            }
+            if let Some(error) = &suite.error {
+                let _ = writeln!(out, "    harness error: {error}");
+            }
+            if let Some(found) = &suite.counterexample {
+                for violation in &found.violations {
+                    let _ = writeln!(
+                        out,
+                        "    violated {}: {} (seed {}, {} steps)",
+                        violation.invariant,
+                        violation.observed,
+                        suite.seed,
+                        found.schedule.steps.len()
+                    );
+                }
+                let _ = writeln!(out, "    replay: {}", found.replay);
+            }
+        }
+        let _ = writeln!(
+            out,
+            "{}",
+            if self.passed() {
+                "certification PASSED"
+            } else {
+                "certification FAILED"
+            }
+        );
+        out
+    }
+
+    /// JUnit XML: one test suite per racecert suite, one test case per invariant.
+    pub fn junit(&self) -> Result<String> {
+        use quick_junit::{NonSuccessKind, TestCase, TestCaseStatus, TestSuite};
+        let mut report = quick_junit::Report::new("racecert");
+        for suite in &self.suites {
+            let mut junit_suite = TestSuite::new(format!(
+                "{}{}",
+                suite.name,
+                if suite.defects.is_empty() {
+                    String::new()
+                } else {
+                    format!(" [{}]", suite.defects.join(","))
+                }
+            ));
+            junit_suite.set_time(std::time::Duration::from_millis(suite.elapsed_ms));
+            let broken: Vec<&ViolationReport> = suite
+                .counterexample
+                .iter()
+                .flat_map(|c| c.violations.iter())
+                .collect();
+            for invariant in crate::check::Invariant::ALL {
+                let failures: Vec<&&ViolationReport> = broken
+                    .iter()
+                    .filter(|v| v.invariant == invariant.name())
+                    .collect();
+                let status = if let Some(error) = &suite.error {
+                    let mut status = TestCaseStatus::non_success(NonSuccessKind::Error);
+                    status.set_message(error.clone());
+                    status
+                } else if failures.is_empty() {
+                    TestCaseStatus::success()
+                } else if !suite.expect_pass {
+                    // An expected catch is a success of the suite.
+                    TestCaseStatus::success()
+                } else {
+                    let mut status = TestCaseStatus::non_success(NonSuccessKind::Failure);
+                    status.set_message(failures[0].observed.clone());
+                    status.set_description(
+                        suite
+                            .counterexample
+                            .as_ref()
+                            .map(|c| format!("{}\nreplay: {}", c.timeline, c.replay))
+                            .unwrap_or_default(),
+                    );
+                    status
+                };
+                let mut case = TestCase::new(invariant.name(), status);
+                case.set_classname(format!("racecert.{}", suite.name));
+                junit_suite.add_test_case(case);
+            }
+            report.add_test_suite(junit_suite);
+        }
+        report
+            .to_string()
+            .map_err(|err| Error::other(format!("JUnit serialisation: {err}")))
+    }
+
+    /// The HTML report.
+    pub fn html(&self) -> String {
+        let mut out = String::new();
+        out.push_str("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
+        out.push_str("<title>racecert certification report</title><style>");
+        out.push_str("body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}.pass{color:#176f2c}.fail{color:#b00020;font-weight:bold}pre{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:12px}svg{border:1px solid #ddd;background:#fff}");
+        out.push_str("</style></head><body>\n");
+        let _ = writeln!(
+            out,
+            "<h1>racecert certification report</h1><p>racecert {} &middot; started {} &middot; <span class=\"{}\">{}</span></p>",
+            esc(&self.racecert_version),
+            esc(&self.started_at),
+            if self.passed() { "pass" } else { "fail" },
+            if self.passed() { "PASSED" } else { "FAILED" }
+        );
+        out.push_str("<table><tr><th>suite</th><th>defects</th><th>cases</th><th>time</th><th>verdict</th><th>not covered</th></tr>\n");
+        for suite in &self.suites {
+            let _ = writeln!(
+                out,
+                "<tr><td><a href=\"#{name}\">{name}</a></td><td>{}</td><td>{}</td><td>{:.1} s</td><td class=\"{}\">{}</td><td>{}</td></tr>",
+                esc(&suite.defects.join(", ")),
+                suite.cases_run,
+                suite.elapsed_ms as f64 / 1000.0,
+                if suite.as_expected() { "pass" } else { "fail" },
+                if suite.error.is_some() {
+                    "error"
+                } else if suite.held {
+                    "every invariant held"
+                } else {
+                    "counterexample"
+                },
+                esc(&suite.not_covered.join(", ")),
+                name = esc(&suite.name),
+            );
+        }
+        out.push_str("</table>\n");
+        for suite in &self.suites {
+            let _ = writeln!(out, "<h2 id=\"{0}\">{0}</h2>", esc(&suite.name));
+            out.push_str(
+                "<table><tr><th>fault</th><th>target path</th><th>landed / applied</th></tr>",
+            );
+            for row in &suite.coverage {
+                let _ = write!(
+                    out,
+                    "<tr><td>{}</td><td>{}</td><td>{} / {}</td></tr>",
+                    esc(&row.fault),
+                    esc(&row.target),
+                    row.landed,
+                    row.applied
+                );
+            }
+            out.push_str("</table>\n");
+            if let Some(found) = &suite.counterexample {
+                for violation in &found.violations {
+                    let _ = writeln!(
+                        out,
+                        "<h3 class=\"fail\">{}</h3><p>should hold: {}<br>observed: {}</p><pre>{}</pre>",
+                        esc(&violation.invariant),
+                        esc(&violation.should_hold),
+                        esc(&violation.observed),
+                        esc(&violation.evidence.join("\n"))
+                    );
+                }
+                let _ = writeln!(
+                    out,
+                    "<p>minimal schedule ({} steps), found after {} case(s); replay: <code>{}</code></p><pre>{}</pre>",
+                    found.schedule.steps.len(),
+                    found.found_after_cases,
+                    esc(&found.replay),
+                    esc(&found.schedule.to_string())
+                );
+                out.push_str(&svg::sequence_diagram(&found.lanes, &found.diagram));
+                let _ = writeln!(out, "<h4>timeline</h4><pre>{}</pre>", esc(&found.timeline));
+            }
+        }
+        out.push_str("</body></html>\n");
+        out
+    }
+
+    /// Writes `report.json`, `junit.xml` and `report.html` into `dir`.
+    pub fn write_all(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|err| Error::io_at(dir, err))?;
+        let write = |name: &str, contents: String| -> Result<()> {
+            let path = dir.join(name);
+            std::fs::write(&path, contents).map_err(|err| Error::io_at(&path, err))
+        };
+        write(
+            "report.json",
+            serde_json::to_string_pretty(self).map_err(|err| Error::other(err.to_string()))?,
+        )?;
+        write("junit.xml", self.junit()?)?;
+        write("report.html", self.html())
+    }
+
+    /// Reads a `report.json`.
+    pub fn read(path: &Path) -> Result<Report> {
+        let text = std::fs::read_to_string(path).map_err(|err| Error::io_at(path, err))?;
+        serde_json::from_str(&text).map_err(|err| {
+            Error::Config(format!(
+                "{}:{}:{}: not a racecert report: {err}",
+                path.display(),
+                err.line(),
+                err.column()
+            ))
+        })
+    }
+}
+
+/// Escapes text for HTML and SVG.
+pub(crate) fn esc(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}

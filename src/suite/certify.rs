@@ -1,0 +1,169 @@
+//! Certification: runs suites on one test bed, each as a proptest exploration of controlled
+//! schedules against the worker under test, and collects a [`Report`]. Blocking (it drives the
+//! synchronous proptest runner): call it from a thread that is not a runtime worker.
+
+use crate::env::TestBed;
+use crate::reference::defects::Defects;
+use crate::report::{Report, SuiteOutcome};
+use crate::schedule::controlled::Controller;
+use crate::schedule::explore::{ExploreConfig, Progress, explore};
+use crate::suite::file::LoadedSuite;
+use crate::{Error, Result};
+use std::path::PathBuf;
+
+/// What to certify and how.
+#[derive(Debug, Clone, Default)]
+pub struct CertifyOptions {
+    /// Defects to switch on in the reference worker.
+    pub defects: Defects,
+    /// Overrides every suite's case count.
+    pub cases: Option<u32>,
+    /// Overrides every suite's seed.
+    pub seed: Option<u64>,
+    /// Run only shard `i` of `n` (1-based): suites whose index in name order is `i-1` mod `n`.
+    pub shard: Option<(u32, u32)>,
+    /// Directory of proptest regression files (one per suite, reference runs only).
+    pub regressions: Option<PathBuf>,
+}
+
+/// Parses `i/n` (1 <= i <= n).
+pub fn parse_shard(text: &str) -> Result<(u32, u32)> {
+    let bad = || {
+        Error::Config(format!(
+            "--shard {text:?}: expected i/n with 1 <= i <= n, e.g. 2/4"
+        ))
+    };
+    let (i, n) = text.split_once('/').ok_or_else(bad)?;
+    let (i, n): (u32, u32) = (
+        i.trim().parse().map_err(|_| bad())?,
+        n.trim().parse().map_err(|_| bad())?,
+    );
+    if n == 0 || i == 0 || i > n {
+        return Err(bad());
+    }
+    Ok((i, n))
+}
+
+/// The suites a shard runs, in name order.
+pub fn shard_of(mut suites: Vec<LoadedSuite>, shard: Option<(u32, u32)>) -> Vec<LoadedSuite> {
+    suites.sort_by(|a, b| a.suite.name.cmp(&b.suite.name));
+    match shard {
+        None => suites,
+        Some((i, n)) => suites
+            .into_iter()
+            .enumerate()
+            .filter(|(index, _)| *index as u32 % n == i - 1)
+            .map(|(_, suite)| suite)
+            .collect(),
+    }
+}
+
+/// The command that reproduces case `case` of a suite.
+pub fn replay_command(suite: &LoadedSuite, seed: u64, case: u32, defects: &Defects) -> String {
+    let mut command = format!("racecert run {} --seed {seed} --case {case}", suite.path);
+    for defect in defects.iter() {
+        command.push_str(&format!(" --defect {defect}"));
+    }
+    command
+}
+
+/// Runs `suites` (already sharded) and returns the report. `progress(suite, cases_done)` is
+/// called after every case.
+pub fn certify(
+    runtime: &tokio::runtime::Handle,
+    bed: &TestBed,
+    suites: &[LoadedSuite],
+    options: &CertifyOptions,
+    progress: impl Fn(&str, u32) + Send + Sync + Clone + 'static,
+) -> Result<Report> {
+    let mut report = Report::new(options.shard);
+    for loaded in suites {
+        let suite = loaded.suite.clone().with_defects(options.defects.clone());
+        let seed = options.seed.unwrap_or(loaded.seed);
+        let cases = options.cases.unwrap_or(suite.cases);
+        let regressions = match (&options.regressions, options.defects.iter().next()) {
+            // Past failures of the worker under test are replayed first; runs with defects
+            // would only record the defects' expected failures.
+            (Some(dir), None) => Some(dir.join(format!("{}.txt", suite.name))),
+            _ => None,
+        };
+        let name = suite.name.clone();
+        let callback = progress.clone();
+        let config = ExploreConfig {
+            cases,
+            seed,
+            regressions,
+            time_budget: Some(loaded.time_budget),
+            progress: Some(Progress(std::sync::Arc::new(move |done| {
+                callback(&name, done)
+            }))),
+            ..ExploreConfig::default()
+        };
+        let defect_names: Vec<String> = options
+            .defects
+            .iter()
+            .map(|d| d.name().to_owned())
+            .collect();
+        let controller = runtime.block_on(Controller::new(bed, suite.settings.clone()))?;
+        let outcome = match explore(runtime, &controller, &suite.space, &config) {
+            Ok(explored) => {
+                let case = explored
+                    .counterexample
+                    .as_ref()
+                    .map_or(0, |c| c.found_after.0);
+                SuiteOutcome::from_exploration(
+                    &suite.name,
+                    &loaded.path,
+                    defect_names,
+                    seed,
+                    loaded.expect_pass,
+                    &suite.space.faults,
+                    &explored,
+                    replay_command(loaded, seed, case, &options.defects),
+                )
+            }
+            Err(err) => SuiteOutcome {
+                name: suite.name.clone(),
+                path: loaded.path.clone(),
+                defects: defect_names,
+                seed,
+                cases_run: 0,
+                elapsed_ms: 0,
+                held: false,
+                expect_pass: loaded.expect_pass,
+                coverage: Vec::new(),
+                not_covered: Vec::new(),
+                counterexample: None,
+                error: Some(err.to_string()),
+            },
+        };
+        report.suites.push(outcome);
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_split_suites_without_overlap() {
+        assert_eq!(parse_shard("2/4").unwrap(), (2, 4));
+        for bad in ["0/2", "3/2", "x/2", "2", "1/0"] {
+            assert!(parse_shard(bad).is_err(), "{bad}");
+        }
+        let all = crate::suite::shipped();
+        let total = all.len();
+        let mut seen = Vec::new();
+        for i in 1..=3 {
+            seen.extend(
+                shard_of(all.clone(), Some((i, 3)))
+                    .into_iter()
+                    .map(|s| s.suite.name),
+            );
+        }
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), total);
+    }
+}
