@@ -31,7 +31,7 @@ use racecert::schedule::explore::{ExploreConfig, ExploreReport, explore};
 use racecert::suite::{Suite, builtin};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -47,6 +47,12 @@ const DETECTION_SEEDS: u64 = 10;
 const BASELINE_SEEDS: u64 = 3;
 /// The least wall-clock budget a baseline gets per seed.
 const MIN_BUDGET: Duration = Duration::from_secs(2);
+/// Budget of the baseline's calibration on the correct worker.
+const CALIBRATION_BUDGET: Duration = Duration::from_secs(5);
+/// A longer budget for defects the baseline missed on every seed, to tell "too little time" from
+/// "cannot reach the race".
+const EXTENDED_BUDGET: Duration = Duration::from_secs(15);
+const EXTENDED_SEED: u64 = 100;
 
 /// Baseline: concurrent submissions of one request.
 const IDENTICAL_REQUESTS: usize = 4;
@@ -128,6 +134,55 @@ fn test_rng(seed: u64) -> TestRng {
     TestRng::from_seed(RngAlgorithm::ChaCha, &bytes)
 }
 
+/// What a schedule step (as the history describes it) is, for the time breakdown.
+fn step_kind(description: &str) -> &'static str {
+    let d = description;
+    if d.starts_with("run") {
+        "run-to-checkpoint"
+    } else if d.starts_with("crash") {
+        "crash"
+    } else if d.starts_with("drain") {
+        "drain"
+    } else if d.contains("partition") {
+        "partition"
+    } else if d.contains("heal") {
+        "heal"
+    } else if d.contains("times out") {
+        "upstream-timeout"
+    } else if d.contains("fails") {
+        "backend-failure"
+    } else if d.contains("lease") {
+        "lease-expiry"
+    } else if d.contains("cutover") {
+        "cutover"
+    } else if d.contains("invalidation") {
+        "cache-invalidation"
+    } else if d.contains("restart") {
+        "redis-restart"
+    } else {
+        "other"
+    }
+}
+
+/// Time of one case by what it was spent on: steps by kind (from the history's step stamps), and
+/// what lies outside the recorded span (setup of pipeline and workers, submissions, reading the
+/// audit trail and journals, checking).
+fn split_case(took: Duration, events: &[Event], into: &mut BTreeMap<&'static str, f64>) {
+    let end = events.last().map_or(0, |e| e.at_ms);
+    let steps: Vec<(u64, &'static str)> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Step(description) => Some((e.at_ms, step_kind(description))),
+            _ => None,
+        })
+        .collect();
+    for (i, (at, kind)) in steps.iter().enumerate() {
+        let until = steps.get(i + 1).map_or(end, |(next, _)| *next);
+        *into.entry(kind).or_insert(0.0) += until.saturating_sub(*at) as f64;
+    }
+    *into.entry("setup+check (outside steps)").or_insert(0.0) += (ms(took) - end as f64).max(0.0);
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -147,6 +202,7 @@ fn throughput(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
         let mut coverage = Coverage::default();
         let mut failures = Vec::new();
         let mut errors: Vec<(String, String, Duration)> = Vec::new();
+        let mut split: BTreeMap<&'static str, f64> = BTreeMap::new();
         let started = Instant::now();
         for _ in 0..THROUGHPUT_CASES {
             let schedule = strategy
@@ -159,6 +215,7 @@ fn throughput(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
             times.push(took);
             match result {
                 Ok(result) => {
+                    split_case(took, &result.history.events, &mut split);
                     coverage.merge(&result.coverage);
                     if !result.violations.is_empty() {
                         failures.push(invariant_names(&result.violations));
@@ -195,6 +252,31 @@ fn throughput(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
             mean(&times[..quarter]),
             mean(&times[times.len() - quarter..])
         );
+        let ok_cases = (times.len() - errors.len()).max(1) as f64;
+        let mut parts: Vec<(&str, f64)> = split.into_iter().collect();
+        parts.sort_by(|a, b| b.1.total_cmp(&a.1));
+        println!(
+            "{:<14} where a case's time goes (ms per case, errored cases left out): {}",
+            "",
+            parts
+                .iter()
+                .map(|(kind, total)| format!("{kind} {:.1}", total / ok_cases))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let slow: Vec<&Duration> = times
+            .iter()
+            .filter(|t| **t > Duration::from_secs(1))
+            .collect();
+        if !slow.is_empty() {
+            println!(
+                "{:<14} cases over 1 s: {} taking {:.1} s of the {:.1} s",
+                "",
+                slow.len(),
+                slow.iter().map(|t| t.as_secs_f64()).sum::<f64>(),
+                secs
+            );
+        }
         let error_time: Duration = errors.iter().map(|(_, _, t)| *t).sum();
         if !errors.is_empty() {
             let ok = times.len() - errors.len();
@@ -368,6 +450,9 @@ fn detection(rt: &Runtime, bed: &TestBed) -> anyhow::Result<Vec<Detection>> {
 /// What one baseline round saw.
 struct Round {
     violations: Vec<Violation>,
+    /// Deliveries handed out again after the visibility timeout (`retry_dispatched`): the only
+    /// way a free-running round can overlap two attempts of one job.
+    redeliveries: usize,
     /// Whether every job ended terminal with every delivery acknowledged before the cap.
     settled: bool,
     worker_errors: usize,
@@ -533,9 +618,11 @@ async fn baseline_round(
         requests,
     };
     let violations = check(&history, &Invariant::ALL);
+    let redeliveries = history.with_status("retry_dispatched").count();
     pipeline.infra.pg.close().await;
     Ok(Round {
         violations,
+        redeliveries,
         settled,
         worker_errors,
     })
@@ -551,6 +638,7 @@ struct BaselineRun {
     elapsed: f64,
     unsettled: u32,
     worker_errors: usize,
+    redeliveries: usize,
     errors: Vec<String>,
 }
 
@@ -571,6 +659,7 @@ fn baseline_seed(
         elapsed: 0.0,
         unsettled: 0,
         worker_errors: 0,
+        redeliveries: 0,
         errors: Vec::new(),
     };
     while started.elapsed() < budget {
@@ -595,6 +684,7 @@ fn baseline_seed(
         };
         run.unsettled += u32::from(!result.settled);
         run.worker_errors += result.worker_errors;
+        run.redeliveries += result.redeliveries;
         if !result.violations.is_empty() {
             run.found = Some((run.rounds, started.elapsed().as_secs_f64()));
             run.invariants = invariant_names(&result.violations);
@@ -614,7 +704,10 @@ fn baseline(rt: &Runtime, bed: &TestBed, detections: &[Detection]) -> anyhow::Re
         "##    {IDENTICAL_REQUESTS} concurrent identical requests per round (+{SAME_INPUT_REQUESTS} same-input requests and a cutover to v2 half way for the cache defects),"
     );
     println!(
-        "##    visibility {BASE_VISIBILITY:?}, backend timeout {BASE_BACKEND_TIMEOUT:?}, lease {BASE_LEASE:?}; invariants checked per round; seeds 0..{BASELINE_SEEDS}"
+        "##    visibility {BASE_VISIBILITY:?}, backend timeout {BASE_BACKEND_TIMEOUT:?}, lease {BASE_LEASE:?}; invariants checked at the end of each round; seeds 0..{BASELINE_SEEDS}"
+    );
+    println!(
+        "##    budget per seed = racecert's mean detection time, at least {MIN_BUDGET:?}; a round started within the budget runs to its end"
     );
 
     // Calibration: the correct worker must not trip the baseline's own checks.
@@ -626,16 +719,17 @@ fn baseline(rt: &Runtime, bed: &TestBed, detections: &[Detection]) -> anyhow::Re
             &Defects::none(),
             cache_traffic,
             0,
-            MIN_BUDGET,
+            CALIBRATION_BUDGET,
         )?;
         println!(
-            "reference worker, {what:<14}: {} rounds in {:.2} s, {} (unsettled rounds {}, worker errors {})",
+            "reference worker, {what:<14}: {} rounds in {:.2} s, {} (redeliveries {}, unsettled rounds {}, worker errors {})",
             run.rounds,
             run.elapsed,
             match run.found {
                 Some((round, _)) => format!("FALSE ALARM in round {round}: {}", run.invariants),
                 None => "no violation".into(),
             },
+            run.redeliveries,
             run.unsettled,
             run.worker_errors
         );
@@ -645,14 +739,21 @@ fn baseline(rt: &Runtime, bed: &TestBed, detections: &[Detection]) -> anyhow::Re
     }
 
     println!(
-        "{:<24} {:>8}  {:<56} {:>10} {:>10}",
-        "defect", "budget", "baseline per seed", "baseline", "racecert"
+        "{:<24} {:>7}  {:<58} {:>9} {:>9} {:>9}",
+        "defect",
+        "budget",
+        "baseline per seed (yes/late: round/seconds)",
+        "in budget",
+        "+overrun",
+        "racecert"
     );
+    let mut never = Vec::new();
     for d in detections {
         let budget = d.budget();
         let defects = Defects::of([d.defect]);
         let mut cells = Vec::new();
-        let mut detected = 0;
+        let (mut in_budget, mut with_overrun) = (0, 0);
+        let mut redeliveries = 0;
         let mut notes = BTreeSet::new();
         for seed in 0..BASELINE_SEEDS {
             let run = baseline_seed(
@@ -664,17 +765,18 @@ fn baseline(rt: &Runtime, bed: &TestBed, detections: &[Detection]) -> anyhow::Re
                 seed,
                 budget,
             )?;
-            let in_budget = run
+            redeliveries += run.redeliveries;
+            let on_time = run
                 .found
                 .is_some_and(|(_, secs)| secs <= budget.as_secs_f64());
-            detected += usize::from(in_budget);
+            in_budget += usize::from(on_time);
+            with_overrun += usize::from(run.found.is_some());
             cells.push(match run.found {
                 Some((round, secs)) => format!(
-                    "s{seed}:{} r{round}/{:.2}s",
-                    if in_budget { "yes" } else { "late" },
-                    secs
+                    "s{seed}:{} r{round}/{secs:.2}s",
+                    if on_time { "yes" } else { "late" },
                 ),
-                None => format!("s{seed}:no ({}r/{:.1}s)", run.rounds, run.elapsed),
+                None => format!("s{seed}:no {}r/{:.1}s", run.rounds, run.elapsed),
             });
             if !run.invariants.is_empty() {
                 notes.insert(run.invariants.clone());
@@ -689,16 +791,55 @@ fn baseline(rt: &Runtime, bed: &TestBed, detections: &[Detection]) -> anyhow::Re
                 ));
             }
         }
+        if with_overrun == 0 {
+            never.push(d.defect);
+        }
         println!(
-            "{:<24} {:>7.2}s  {:<56} {:>7}/{:<2} {:>7}/{:<2}  {}",
+            "{:<24} {:>6.2}s  {:<58} {:>7}/{:<1} {:>7}/{:<1} {:>6}/{:<2}  redeliveries {redeliveries}{}{}",
             d.defect.name(),
             budget.as_secs_f64(),
             cells.join("  "),
-            detected,
+            in_budget,
+            BASELINE_SEEDS,
+            with_overrun,
             BASELINE_SEEDS,
             d.detected(),
             DETECTION_SEEDS,
+            if notes.is_empty() { "" } else { "; " },
             notes.into_iter().collect::<Vec<_>>().join("; ")
+        );
+    }
+
+    // Is a miss a matter of time? Give the baseline a much longer budget where it always missed.
+    if !never.is_empty() {
+        println!(
+            "extended baseline, seed {EXTENDED_SEED}, budget {EXTENDED_BUDGET:?}, for the defects it missed on every seed:"
+        );
+    }
+    for defect in never {
+        let run = baseline_seed(
+            rt,
+            bed,
+            &format!("{}-ext", defect.name()),
+            &Defects::of([defect]),
+            is_cache_defect(defect),
+            EXTENDED_SEED,
+            EXTENDED_BUDGET,
+        )?;
+        println!(
+            "{:<24} {} rounds in {:.1} s: {} (redeliveries {}, worker errors {}, round errors {})",
+            defect.name(),
+            run.rounds,
+            run.elapsed,
+            match run.found {
+                Some((round, secs)) => {
+                    format!("found in round {round} at {secs:.2} s: {}", run.invariants)
+                }
+                None => "no violation".into(),
+            },
+            run.redeliveries,
+            run.worker_errors,
+            run.errors.len()
         );
     }
     Ok(())

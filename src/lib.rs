@@ -21,6 +21,7 @@
 //! - [`check`]: the invariants, each with a report.
 //! - [`suite`]: suite files and the certify runner.
 //! - [`report`]: terminal, JSON, JUnit XML and HTML/SVG reports.
+//! - [`replay`]: incident logs -> reconstruction, diagnosis, a schedule that replays the race.
 //! - [`smoke`]: the smoke scenario behind `racecert smoke`.
 //! - [`error`]: the library error type.
 //!
@@ -47,6 +48,7 @@ pub mod error;
 pub mod fault;
 pub mod history;
 pub mod reference;
+pub mod replay;
 pub mod report;
 pub mod schedule;
 pub mod smoke;

@@ -60,6 +60,21 @@ enum Command {
         #[arg(long = "defect", value_name = "NAME")]
         defects: Vec<String>,
     },
+    /// Reproduce a race reported in production logs (logfmt or JSON lines).
+    Replay {
+        /// The log file.
+        file: PathBuf,
+        /// The request (request id or idempotency key) to replay (default: the first with a
+        /// race).
+        #[arg(long)]
+        request: Option<String>,
+        /// Defects to switch on in the reference worker (repeatable).
+        #[arg(long = "defect", value_name = "NAME")]
+        defects: Vec<String>,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+    },
     /// Work with reports.
     Report {
         #[command(subcommand)]
@@ -128,6 +143,12 @@ enum EnvCommand {
     Up,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+}
+
 #[derive(Subcommand)]
 enum ReportCommand {
     /// Join shard reports (report.json files) into one set of reports.
@@ -154,7 +175,18 @@ enum ProxyCommand {
     },
 }
 
-fn main() -> Result<std::process::ExitCode> {
+fn main() -> std::process::ExitCode {
+    match real_main() {
+        Ok(code) => code,
+        Err(err) => {
+            // The whole chain, one line per cause; no backtrace for a user's mistake.
+            eprintln!("racecert: error: {err:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+fn real_main() -> Result<std::process::ExitCode> {
     let cli = Cli::parse();
     // The proxy server logs every proxy it starts: useful when it is the program, noise when it
     // is embedded in a test bed.
@@ -294,6 +326,132 @@ async fn certify_command(
     Ok(exit_code(report.passed()))
 }
 
+/// Exit code when nothing in the log could be reconstructed.
+const NOTHING_RECONSTRUCTED: u8 = 2;
+
+async fn replay(
+    file: &Path,
+    request: Option<&str>,
+    defects: Defects,
+    format: Format,
+) -> Result<std::process::ExitCode> {
+    let bytes = std::fs::read(file).with_context(|| format!("read {}", file.display()))?;
+    let analysis = racecert::replay::analyse(&bytes, request);
+    let chosen = request
+        .map(str::to_owned)
+        .or_else(|| analysis.findings.first().map(|f| f.request_id.clone()))
+        .or_else(|| {
+            analysis
+                .reconstruction
+                .requests
+                .first()
+                .map(|r| r.request_id.clone())
+        });
+    let Some(chosen) = chosen.filter(|id| {
+        analysis
+            .reconstruction
+            .requests
+            .iter()
+            .any(|r| &r.request_id == id)
+    }) else {
+        match format {
+            Format::Text => print!("{}", analysis.text()),
+            Format::Json => println!("{}", serde_json::to_string_pretty(&analysis)?),
+        }
+        eprintln!(
+            "{}: nothing to replay: no inference request could be reconstructed{}",
+            file.display(),
+            request.map(|r| format!(" for {r}")).unwrap_or_default()
+        );
+        return Ok(std::process::ExitCode::from(NOTHING_RECONSTRUCTED));
+    };
+    let bed = TestBedBuilder::from_env()?.start().await?;
+    let run = racecert::replay::replay_on(&bed, &analysis, &chosen, defects.clone()).await;
+    bed.shutdown().await;
+    let run = run?;
+    let held = run.result.violations.is_empty();
+    let names = |races: &[racecert::replay::Race]| {
+        races
+            .iter()
+            .map(|r| r.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match format {
+        Format::Text => {
+            print!("{}", analysis.text());
+            println!(
+                "replaying {chosen} with workers {} against the reference worker{}:",
+                run.workers
+                    .iter()
+                    .map(|w| format!("{} ({})", w.id, w.version))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if defects.iter().next().is_some() {
+                    format!(
+                        " with {}",
+                        defects
+                            .iter()
+                            .map(|d| d.name())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                } else {
+                    String::new()
+                }
+            );
+            print!("{}", run.schedule);
+            println!("timeline:\n{}", run.result.history.timeline());
+            println!(
+                "race reproduced: {}",
+                if run.reproduced.is_empty() {
+                    "-".into()
+                } else {
+                    names(&run.reproduced)
+                }
+            );
+            println!(
+                "race prevented:  {}",
+                if run.prevented.is_empty() {
+                    "-".into()
+                } else {
+                    names(&run.prevented)
+                }
+            );
+            for violation in &run.result.violations {
+                print!("{violation}");
+            }
+            println!(
+                "{}",
+                if held {
+                    "every invariant held"
+                } else {
+                    "invariants violated"
+                }
+            );
+        }
+        Format::Json => {
+            let value = serde_json::json!({
+                "analysis": analysis,
+                "request": chosen,
+                "workers": run.workers,
+                "schedule": run.schedule,
+                "reproduced": run.reproduced,
+                "prevented": run.prevented,
+                "timeline": run.result.history.timeline(),
+                "violations": run.result.violations.iter().map(|v| serde_json::json!({
+                    "invariant": v.invariant.name(),
+                    "observed": v.observed,
+                    "evidence": v.evidence,
+                })).collect::<Vec<_>>(),
+                "held": held,
+            });
+            println!("{}", serde_json::to_string_pretty(&value)?);
+        }
+    }
+    Ok(exit_code(held))
+}
+
 async fn run_case(
     suite: &str,
     seed: Option<u64>,
@@ -398,6 +556,12 @@ async fn run(command: Command) -> Result<std::process::ExitCode> {
             case,
             defects,
         } => run_case(&suite, seed, case, parse_defects(&defects)?).await,
+        Command::Replay {
+            file,
+            request,
+            defects,
+            format,
+        } => replay(&file, request.as_deref(), parse_defects(&defects)?, format).await,
         Command::Report {
             command: ReportCommand::Merge { inputs, out },
         } => {

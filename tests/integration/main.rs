@@ -17,6 +17,7 @@ mod harness;
 mod lease;
 mod pipeline;
 mod proxy_faults;
+mod replay;
 mod restart;
 
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -67,6 +68,7 @@ fn main() -> std::process::ExitCode {
         harness::tests(),
         proxy_faults::tests(),
         backends::tests(),
+        replay::tests(),
         restart::tests(),
         external::tests(),
         cleanup::tests(),
