@@ -39,6 +39,8 @@ use tokio::runtime::Runtime;
 
 /// Cases per suite for the throughput measurement.
 const THROUGHPUT_CASES: u32 = 200;
+/// Cases slower than this get their own time breakdown.
+const SLOW_CASE: Duration = Duration::from_millis(40);
 /// Cases an exploration may use to find a defect (proptest's default).
 const DETECTION_CASES: u32 = 256;
 /// Seeds of the detection measurement.
@@ -183,6 +185,18 @@ fn split_case(took: Duration, events: &[Event], into: &mut BTreeMap<&'static str
     *into.entry("setup+check (outside steps)").or_insert(0.0) += (ms(took) - end as f64).max(0.0);
 }
 
+/// "kind ms, kind ms, ..." largest first, per case.
+fn breakdown(split: BTreeMap<&'static str, f64>, cases: f64) -> String {
+    let mut parts: Vec<(&str, f64)> = split.into_iter().collect();
+    parts.sort_by(|a, b| b.1.total_cmp(&a.1));
+    parts
+        .iter()
+        .filter(|(_, total)| *total / cases >= 0.05)
+        .map(|(kind, total)| format!("{kind} {:.1}", total / cases))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -203,6 +217,10 @@ fn throughput(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
         let mut failures = Vec::new();
         let mut errors: Vec<(String, String, Duration)> = Vec::new();
         let mut split: BTreeMap<&'static str, f64> = BTreeMap::new();
+        // Cases over SLOW_CASE, and (for those over 1 s) which faults their schedules had.
+        let mut split_slow: BTreeMap<&'static str, f64> = BTreeMap::new();
+        let mut slow_cases = 0usize;
+        let mut very_slow_faults: BTreeMap<&'static str, usize> = BTreeMap::new();
         let started = Instant::now();
         for _ in 0..THROUGHPUT_CASES {
             let schedule = strategy
@@ -212,10 +230,24 @@ fn throughput(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
             let case_started = Instant::now();
             let result = rt.block_on(controller.run(&schedule));
             let took = case_started.elapsed();
+            if took > Duration::from_secs(1) {
+                let kinds: BTreeSet<&'static str> = schedule
+                    .steps
+                    .iter()
+                    .map(|step| step_kind(&step.to_string()))
+                    .collect();
+                for kind in kinds {
+                    *very_slow_faults.entry(kind).or_insert(0) += 1;
+                }
+            }
             times.push(took);
             match result {
                 Ok(result) => {
                     split_case(took, &result.history.events, &mut split);
+                    if took > SLOW_CASE {
+                        slow_cases += 1;
+                        split_case(took, &result.history.events, &mut split_slow);
+                    }
                     coverage.merge(&result.coverage);
                     if !result.violations.is_empty() {
                         failures.push(invariant_names(&result.violations));
@@ -253,28 +285,34 @@ fn throughput(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
             mean(&times[times.len() - quarter..])
         );
         let ok_cases = (times.len() - errors.len()).max(1) as f64;
-        let mut parts: Vec<(&str, f64)> = split.into_iter().collect();
-        parts.sort_by(|a, b| b.1.total_cmp(&a.1));
         println!(
             "{:<14} where a case's time goes (ms per case, errored cases left out): {}",
             "",
-            parts
-                .iter()
-                .map(|(kind, total)| format!("{kind} {:.1}", total / ok_cases))
-                .collect::<Vec<_>>()
-                .join(", ")
+            breakdown(split, ok_cases)
         );
+        if slow_cases > 0 {
+            println!(
+                "{:<14} {slow_cases} cases over {SLOW_CASE:?}, their time (ms per case): {}",
+                "",
+                breakdown(split_slow, slow_cases as f64)
+            );
+        }
         let slow: Vec<&Duration> = times
             .iter()
             .filter(|t| **t > Duration::from_secs(1))
             .collect();
         if !slow.is_empty() {
             println!(
-                "{:<14} cases over 1 s: {} taking {:.1} s of the {:.1} s",
+                "{:<14} cases over 1 s: {} taking {:.1} s of the {:.1} s; step kinds in their schedules (cases): {}",
                 "",
                 slow.len(),
                 slow.iter().map(|t| t.as_secs_f64()).sum::<f64>(),
-                secs
+                secs,
+                very_slow_faults
+                    .iter()
+                    .map(|(kind, n)| format!("{kind} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
         let error_time: Duration = errors.iter().map(|(_, _, t)| *t).sum();

@@ -192,7 +192,8 @@ fn real_main() -> Result<std::process::ExitCode> {
     // is embedded in a test bed.
     let default_filter = match cli.command {
         Command::Proxy { .. } => "warn,racecert=info",
-        _ => "warn,racecert=info,racecert::env::proxy::server=warn",
+        // Injected partitions make sqlx warn about every connection they cut: expected noise.
+        _ => "warn,racecert=info,racecert::env::proxy::server=warn,sqlx=error",
     };
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -201,14 +201,16 @@ impl Infra {
     /// Connects to Redis and Postgres at the given (proxied) URLs.
     pub async fn connect(redis_url: &str, database_url: &str) -> Result<Infra> {
         let client = redis::Client::open(redis_url)?;
+        // A worker cut off from Redis or Postgres must fail fast (its delivery is redelivered),
+        // not sit in reconnect loops: short timeouts, few retries.
         let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_connection_timeout(Some(Duration::from_secs(1)))
             .set_response_timeout(Some(Duration::from_secs(5)))
-            .set_number_of_retries(2);
+            .set_number_of_retries(1);
         let redis = ConnectionManager::new_with_config(client, config).await?;
         let pg = sqlx::postgres::PgPoolOptions::new()
             .max_connections(8)
-            .acquire_timeout(Duration::from_secs(5))
+            .acquire_timeout(Duration::from_millis(750))
             .connect(database_url)
             .await?;
         Ok(Infra {

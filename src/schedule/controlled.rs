@@ -511,7 +511,11 @@ impl<'c, 'a> CaseRun<'c, 'a> {
                 } else {
                     proxy.enable().await?;
                     self.cut_off.remove(target);
-                    self.reconnect().await?;
+                    // Only Redis's connection manager needs waking; Postgres's pool opens fresh
+                    // connections on its own.
+                    if *target == PartitionTarget::Redis {
+                        self.reconnect().await?;
+                    }
                 }
                 self.recorder.fault(
                     if cut { "partition" } else { "heal" },

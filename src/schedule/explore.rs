@@ -138,6 +138,9 @@ pub fn explore(
     let outcome = runner.run(&strategy, |schedule| {
         {
             let mut state = state.lock().expect("poisoned");
+            if state.harness_error.is_some() {
+                return Err(TestCaseError::reject("stopped by a harness error"));
+            }
             if state.first_failure.is_none()
                 && config
                     .time_budget
@@ -175,9 +178,10 @@ pub fn explore(
                 }
             }
             Err(err) => {
-                // A harness error is not a finding: stop and report it as such.
+                // A harness error is not a finding: neither shrunk nor persisted as a regression
+                // (a rejection is neither); the exploration stops and reports it as such.
                 state.harness_error.get_or_insert_with(|| err.to_string());
-                Err(TestCaseError::fail(format!("harness error: {err}")))
+                Err(TestCaseError::reject(format!("harness error: {err}")))
             }
         }
     });

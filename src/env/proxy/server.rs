@@ -879,9 +879,35 @@ async fn resolve_listen(raw: &str) -> Result<SocketAddr, ApiError> {
     if addr.port() != 0 {
         return Ok(addr);
     }
+    // A disabled proxy has no listener, and the kernel hands ports of its ephemeral range to
+    // outgoing connections: a port from that range can be gone when the proxy is enabled again
+    // (seen under partitions, while clients reconnect in a loop). Ports just below the range
+    // are never handed out that way.
+    if let Some(range) = below_ephemeral_range() {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let span = range.end - range.start;
+        let start = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for i in 0..span {
+            let port = range.start + ((start + i) % span);
+            let candidate = SocketAddr::new(addr.ip(), port as u16);
+            if let Ok(probe) = std::net::TcpListener::bind(candidate) {
+                drop(probe);
+                NEXT.store(start + i + 1, std::sync::atomic::Ordering::Relaxed);
+                return Ok(candidate);
+            }
+        }
+    }
     std::net::TcpListener::bind(addr)
         .and_then(|probe| probe.local_addr())
         .map_err(|err| ApiError::internal(format!("finding a free port on {addr}: {err}")))
+}
+
+/// Up to 8,000 ports just below the kernel's ephemeral port range (Linux), if it can be read.
+fn below_ephemeral_range() -> Option<std::ops::Range<u32>> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let low: u32 = text.split_whitespace().next()?.parse().ok()?;
+    let start = low.saturating_sub(8_000).max(10_000);
+    (start < low).then_some(start..low)
 }
 
 /// Whether a listen spec names the address a proxy already has (port 0 never does).
