@@ -493,6 +493,8 @@ struct Round {
     redeliveries: usize,
     /// Whether every job ended terminal with every delivery acknowledged before the cap.
     settled: bool,
+    /// What was left when a round did not settle.
+    unsettled: Option<String>,
     worker_errors: usize,
 }
 
@@ -657,11 +659,46 @@ async fn baseline_round(
     };
     let violations = check(&history, &Invariant::ALL);
     let redeliveries = history.with_status("retry_dispatched").count();
+    // A round that did not settle: say what was left, so a missed cap is told from a stuck job.
+    let unsettled = if settled {
+        None
+    } else {
+        let pending = queue.pending_count().await?;
+        let stuck: Vec<String> = history
+            .jobs
+            .iter()
+            .filter(|j| !matches!(j.status.as_str(), "SUCCEEDED" | "FAILED" | "CANCELLED"))
+            .map(|j| {
+                let trail: Vec<String> = history
+                    .events
+                    .iter()
+                    .filter(|e| e.field("idempotency_key") == Some(j.idempotency_key.as_str()))
+                    .map(|e| {
+                        format!(
+                            "{}:{}",
+                            e.field("worker_id").unwrap_or("-"),
+                            e.status().unwrap_or("-")
+                        )
+                    })
+                    .collect();
+                format!("{} {} [{}]", j.request_id, j.status, trail.join(" "))
+            })
+            .collect();
+        Some(format!(
+            "{namespace}: {pending} deliveries unacknowledged; not terminal: {}",
+            if stuck.is_empty() {
+                "none".to_string()
+            } else {
+                stuck.join("; ")
+            }
+        ))
+    };
     pipeline.infra.pg.close().await;
     Ok(Round {
         violations,
         redeliveries,
         settled,
+        unsettled,
         worker_errors,
     })
 }
@@ -675,6 +712,7 @@ struct BaselineRun {
     invariants: String,
     elapsed: f64,
     unsettled: u32,
+    unsettled_details: Vec<String>,
     worker_errors: usize,
     redeliveries: usize,
     errors: Vec<String>,
@@ -696,6 +734,7 @@ fn baseline_seed(
         invariants: String::new(),
         elapsed: 0.0,
         unsettled: 0,
+        unsettled_details: Vec::new(),
         worker_errors: 0,
         redeliveries: 0,
         errors: Vec::new(),
@@ -721,6 +760,7 @@ fn baseline_seed(
             }
         };
         run.unsettled += u32::from(!result.settled);
+        run.unsettled_details.extend(result.unsettled.clone());
         run.worker_errors += result.worker_errors;
         run.redeliveries += result.redeliveries;
         if !result.violations.is_empty() {
@@ -774,6 +814,9 @@ fn baseline(rt: &Runtime, bed: &TestBed, detections: &[Detection]) -> anyhow::Re
         for error in &run.errors {
             println!("  round error: {error}");
         }
+        for detail in &run.unsettled_details {
+            println!("  unsettled round {detail}");
+        }
     }
 
     println!(
@@ -793,6 +836,7 @@ fn baseline(rt: &Runtime, bed: &TestBed, detections: &[Detection]) -> anyhow::Re
         let (mut in_budget, mut with_overrun) = (0, 0);
         let mut redeliveries = 0;
         let mut notes = BTreeSet::new();
+        let mut details = Vec::new();
         for seed in 0..BASELINE_SEEDS {
             let run = baseline_seed(
                 rt,
@@ -804,6 +848,7 @@ fn baseline(rt: &Runtime, bed: &TestBed, detections: &[Detection]) -> anyhow::Re
                 budget,
             )?;
             redeliveries += run.redeliveries;
+            details.extend(run.unsettled_details.iter().cloned());
             let on_time = run
                 .found
                 .is_some_and(|(_, secs)| secs <= budget.as_secs_f64());
@@ -846,6 +891,9 @@ fn baseline(rt: &Runtime, bed: &TestBed, detections: &[Detection]) -> anyhow::Re
             if notes.is_empty() { "" } else { "; " },
             notes.into_iter().collect::<Vec<_>>().join("; ")
         );
+        for detail in details {
+            println!("  unsettled round {detail}");
+        }
     }
 
     // Is a miss a matter of time? Give the baseline a much longer budget where it always missed.
@@ -879,6 +927,9 @@ fn baseline(rt: &Runtime, bed: &TestBed, detections: &[Detection]) -> anyhow::Re
             run.worker_errors,
             run.errors.len()
         );
+        for detail in &run.unsettled_details {
+            println!("  unsettled round {detail}");
+        }
     }
     Ok(())
 }

@@ -45,6 +45,13 @@ enum Command {
         /// Where report.json, junit.xml and report.html go.
         #[arg(long, default_value = "target/racecert")]
         out: PathBuf,
+        /// Certify an external worker: the command starts one worker process under the
+        /// contract's environment (docs/contract.md), e.g. "racecert worker".
+        #[arg(long, value_name = "CMD")]
+        worker_cmd: Option<String>,
+        /// Fleet runs for --worker-cmd (stops at the first violation).
+        #[arg(long, default_value_t = 4)]
+        rounds: u32,
     },
     /// Reproduce one case of a suite exactly and print its timeline.
     Run {
@@ -82,6 +89,9 @@ enum Command {
     },
     /// Bring the test bed up, run the smoke scenario, print what it did, tear it down.
     Smoke,
+    /// Run the reference worker as a standalone process under the contract's environment
+    /// (RACECERT_* variables, see docs/contract.md); logs logfmt to stdout, drains on SIGTERM.
+    Worker,
     /// Build or list the service images (Redis, PostgreSQL, fault proxy).
     Images {
         #[command(subcommand)]
@@ -453,6 +463,44 @@ async fn replay(
     Ok(exit_code(held))
 }
 
+async fn certify_external_command(
+    command: &str,
+    rounds: u32,
+    seed: u64,
+    defects: Defects,
+    out: &Path,
+) -> Result<std::process::ExitCode> {
+    println!(
+        "racecert certify --worker-cmd {command:?}: up to {rounds} fleet run(s); bringing the test bed up"
+    );
+    let bed = TestBedBuilder::from_env()?.start().await?;
+    let bar = indicatif::ProgressBar::new(u64::from(rounds));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{prefix:<26} [{bar:30}] {pos:>4}/{len:4} runs {elapsed:>4}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar.set_prefix("external-fleet");
+    let outcome =
+        racecert::suite::certify::certify_external(&bed, command, rounds, seed, &defects, |done| {
+            bar.set_position(u64::from(done));
+        })
+        .await;
+    bar.finish();
+    bed.shutdown().await;
+    let mut report = Report::new(None);
+    report.suites.push(outcome?);
+    report.write_all(out)?;
+    print!("{}", report.terminal());
+    println!(
+        "reports: {0}/report.html, {0}/report.json, {0}/junit.xml (worker stdout/stderr in the HTML and JSON)",
+        out.display()
+    );
+    Ok(exit_code(report.passed()))
+}
+
 async fn run_case(
     suite: &str,
     seed: Option<u64>,
@@ -535,7 +583,24 @@ async fn run(command: Command) -> Result<std::process::ExitCode> {
             seed,
             shard,
             out,
+            worker_cmd,
+            rounds,
         } => {
+            if let Some(command) = worker_cmd {
+                if !suites.is_empty() || shard.is_some() || cases.is_some() {
+                    anyhow::bail!(
+                        "--worker-cmd runs the external fleet (process faults, real clocks); --suite, --shard and --cases apply to in-process suites"
+                    );
+                }
+                return certify_external_command(
+                    &command,
+                    rounds,
+                    seed.unwrap_or(1),
+                    parse_defects(&defects)?,
+                    &out,
+                )
+                .await;
+            }
             let shard = shard.as_deref().map(parse_shard).transpose()?;
             let options = CertifyOptions {
                 defects: parse_defects(&defects)?,
@@ -577,6 +642,11 @@ async fn run(command: Command) -> Result<std::process::ExitCode> {
             Ok(exit_code(merged.passed()))
         }
         Command::Smoke => smoke().await.map(|()| std::process::ExitCode::SUCCESS),
+        Command::Worker => {
+            racecert::reference::process::run(racecert::reference::process::WorkerEnv::from_env()?)
+                .await?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
         Command::Images { command } => match command {
             ImagesCommand::Build { force, only } => {
                 let config = ImageConfig::from_env()?;

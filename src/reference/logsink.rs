@@ -4,7 +4,7 @@
 use crate::contract::log::{Level, LogLine, timestamp_now};
 use std::sync::{Arc, Mutex};
 
-/// How lines are echoed to stderr.
+/// How lines are echoed to stdout (a worker process logs there, as the contract says).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Echo {
     /// Not echoed.
@@ -46,8 +46,8 @@ impl LogSink {
         };
         match self.echo {
             Echo::Off => {}
-            Echo::Logfmt => eprintln!("{}", line.to_logfmt()),
-            Echo::Json => eprintln!("{}", line.to_json()),
+            Echo::Logfmt => println!("{}", line.to_logfmt()),
+            Echo::Json => println!("{}", line.to_json()),
         }
         tracing::debug!(target: "racecert::worker", line = %line.to_logfmt());
         self.lines.lock().expect("poisoned").push(line);

@@ -14,6 +14,7 @@ pub mod checkpoints;
 pub mod cutover;
 pub mod defects;
 pub mod logsink;
+pub mod process;
 pub mod queue;
 pub mod submit;
 pub mod worker;

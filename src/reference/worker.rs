@@ -50,6 +50,7 @@ pub struct WorkerConfig {
     cache_ttl: Duration,
     defects: Defects,
     seed: u64,
+    accept_timing_faults: bool,
 }
 
 /// Builds a [`WorkerConfig`]; [`WorkerConfigBuilder::build`] refuses settings that cannot work.
@@ -78,6 +79,7 @@ impl WorkerConfig {
                 cache_ttl: Duration::from_secs(3600),
                 defects: Defects::none(),
                 seed: 0,
+                accept_timing_faults: false,
             },
         }
     }
@@ -142,6 +144,13 @@ impl WorkerConfigBuilder {
         self
     }
 
+    /// Accepts a lease TTL or visibility timeout shorter than the backend timeout: for harness
+    /// runs that inject that timing on purpose (a warning is logged).
+    pub fn accept_timing_faults(mut self) -> Self {
+        self.config.accept_timing_faults = true;
+        self
+    }
+
     /// Checks the configuration. A visibility timeout or lease shorter than the backend timeout
     /// would make every slow call a retry overlap: that is a fault to inject on purpose, not a
     /// setting.
@@ -160,6 +169,18 @@ impl WorkerConfigBuilder {
         }
         if c.lease_ttl.is_zero() || c.backend_timeout.is_zero() {
             return bad("lease TTL and backend timeout must be positive".into());
+        }
+        if c.accept_timing_faults
+            && (c.visibility_timeout <= c.backend_timeout || c.lease_ttl <= c.backend_timeout)
+        {
+            tracing::warn!(
+                worker = %c.worker_id,
+                lease_ttl = ?c.lease_ttl,
+                visibility_timeout = ?c.visibility_timeout,
+                backend_timeout = ?c.backend_timeout,
+                "injected timing fault: lease or visibility timeout shorter than a backend call"
+            );
+            return Ok(self.config);
         }
         if c.visibility_timeout <= c.backend_timeout {
             return bad(format!(
@@ -295,6 +316,7 @@ pub struct Worker {
     log: LogSink,
     draining: AtomicBool,
     lease_seq: AtomicU64,
+    token_epoch: u32,
     rng: Mutex<rand::rngs::StdRng>,
 }
 
@@ -326,8 +348,10 @@ impl Worker {
         let queue = Queue::open(infra.redis.clone(), &keys).await?;
         let seed = config.seed
             ^ u64::from_str_radix(&sha256_hex(&config.worker_id)[..16], 16).unwrap_or(0);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         Ok(Worker {
-            rng: Mutex::new(rand::rngs::StdRng::seed_from_u64(seed)),
+            token_epoch: rng.random(),
+            rng: Mutex::new(rng),
             config,
             infra,
             queue,
@@ -541,9 +565,13 @@ impl Worker {
         }
 
         // Lease.
+        // The epoch tells two processes of one worker id apart (a restarted worker must never
+        // reuse its predecessor's tokens); it comes from the seed, so in-process runs stay
+        // deterministic.
         let token = format!(
-            "{}:{}",
+            "{}:{:x}:{}",
             self.config.worker_id,
+            self.token_epoch,
             self.lease_seq.fetch_add(1, Ordering::Relaxed)
         );
         let lease_key = self.keys.lease(&attempt.key);

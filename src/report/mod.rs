@@ -13,6 +13,7 @@ use crate::schedule::controlled::Coverage;
 use crate::schedule::explore::{Counterexample, ExploreReport};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -118,6 +119,9 @@ pub struct SuiteOutcome {
     pub counterexample: Option<CounterexampleReport>,
     /// A harness error that stopped the suite (never a verdict).
     pub error: Option<String>,
+    /// External workers: stdout and stderr of each process (`worker-a#1`, ...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub worker_outputs: BTreeMap<String, (String, String)>,
 }
 
 impl SuiteOutcome {
@@ -160,6 +164,7 @@ impl SuiteOutcome {
                 .as_ref()
                 .map(|c| counterexample_report(c, replay)),
             error: None,
+            worker_outputs: BTreeMap::new(),
         }
     }
 }
@@ -318,7 +323,8 @@ pub fn diagram(history: &History, violations: &[Violation]) -> (Vec<String>, Vec
     (lanes, events)
 }
 
-fn counterexample_report(found: &Counterexample, replay: String) -> CounterexampleReport {
+/// The report of a counterexample.
+pub fn counterexample_report(found: &Counterexample, replay: String) -> CounterexampleReport {
     let (lanes, diagram) = diagram(&found.result.history, &found.result.violations);
     CounterexampleReport {
         violations: found
@@ -572,6 +578,15 @@ impl Report {
                 );
                 out.push_str(&svg::sequence_diagram(&found.lanes, &found.diagram));
                 let _ = writeln!(out, "<h4>timeline</h4><pre>{}</pre>", esc(&found.timeline));
+            }
+            for (process, (stdout, stderr)) in &suite.worker_outputs {
+                let _ = writeln!(
+                    out,
+                    "<details><summary>worker {} output</summary><pre>{}</pre><pre>{}</pre></details>",
+                    esc(process),
+                    esc(stdout),
+                    esc(stderr)
+                );
             }
         }
         out.push_str("</body></html>\n");

@@ -11,6 +11,7 @@
 pub mod chaos;
 pub mod controlled;
 pub mod explore;
+pub mod external;
 
 use crate::fault::{Fault, FaultKind, PartitionTarget};
 use crate::reference::checkpoints::Checkpoint;

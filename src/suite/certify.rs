@@ -135,11 +135,116 @@ pub fn certify(
                 not_covered: Vec::new(),
                 counterexample: None,
                 error: Some(err.to_string()),
+                worker_outputs: Default::default(),
             },
         };
         report.suites.push(outcome);
     }
     Ok(report)
+}
+
+/// Certifies an external worker command: `rounds` runs of a mixed fleet of its processes under
+/// process, network and backend faults (seeds `seed..seed+rounds`), stopping at the first round
+/// that breaks an invariant. Async: call it on the runtime.
+pub async fn certify_external(
+    bed: &TestBed,
+    command: &str,
+    rounds: u32,
+    seed: u64,
+    defects: &Defects,
+    progress: impl Fn(u32),
+) -> Result<SuiteOutcome> {
+    use crate::schedule::external::{ExternalSettings, run_external};
+    if rounds == 0 {
+        return Err(Error::Config("--rounds must be at least 1".into()));
+    }
+    let started = std::time::Instant::now();
+    let mut coverage = crate::schedule::controlled::Coverage::default();
+    let mut outcome = None;
+    let mut ran = 0;
+    let mut settings = ExternalSettings::mixed_fleet(command, seed);
+    for round in 0..rounds {
+        settings = ExternalSettings::mixed_fleet(command, seed + u64::from(round));
+        settings.defects = defects.clone();
+        let result = run_external(bed, &settings).await?;
+        ran += 1;
+        progress(ran);
+        coverage.merge(&result.case.coverage);
+        let failed = !result.case.violations.is_empty();
+        outcome = Some((result, round));
+        if failed {
+            break;
+        }
+    }
+    let (result, round) = outcome.expect("at least one round");
+    let mut enabled = settings.faults.clone();
+    enabled.dedup();
+    let coverage_rows: Vec<crate::report::CoverageRow> = enabled
+        .iter()
+        .map(|kind| {
+            let (applied, landed) = coverage.faults.get(kind).copied().unwrap_or((0, 0));
+            crate::report::CoverageRow {
+                fault: kind.name().to_owned(),
+                target: kind.target_path().to_owned(),
+                applied,
+                landed,
+            }
+        })
+        .collect();
+    let held = result.case.violations.is_empty();
+    let counterexample = (!held).then(|| {
+        let (lanes, diagram) =
+            crate::report::diagram(&result.case.history, &result.case.violations);
+        crate::report::CounterexampleReport {
+            violations: result
+                .case
+                .violations
+                .iter()
+                .map(|v| crate::report::ViolationReport {
+                    invariant: v.invariant.name().to_owned(),
+                    should_hold: v.invariant.statement().to_owned(),
+                    observed: v.observed.clone(),
+                    evidence: v.evidence.clone(),
+                })
+                .collect(),
+            schedule: crate::schedule::Schedule {
+                requests: Vec::new(),
+                steps: Vec::new(),
+            },
+            timeline: result.case.history.timeline(),
+            lanes,
+            diagram,
+            found_after_cases: round + 1,
+            found_after_ms: started.elapsed().as_millis() as u64,
+            replay: format!(
+                "racecert certify --worker-cmd {command:?} --seed {} --rounds 1{}",
+                seed + u64::from(round),
+                defects
+                    .iter()
+                    .map(|d| format!(" --defect {d}"))
+                    .collect::<String>()
+            ),
+        }
+    });
+    Ok(SuiteOutcome {
+        name: "external-fleet".into(),
+        path: command.to_owned(),
+        defects: defects.iter().map(|d| d.name().to_owned()).collect(),
+        seed,
+        cases_run: ran,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+        held,
+        expect_pass: true,
+        not_covered: coverage_rows
+            .iter()
+            .filter(|r| r.landed == 0)
+            .map(|r| r.fault.clone())
+            .collect(),
+        coverage: coverage_rows,
+        counterexample,
+        error: None,
+        worker_outputs: result.outputs,
+    })
 }
 
 #[cfg(test)]

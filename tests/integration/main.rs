@@ -12,6 +12,7 @@ mod backends;
 mod cleanup;
 mod cli;
 mod external;
+mod external_workers;
 mod fenced_write;
 mod harness;
 mod lease;
@@ -71,6 +72,7 @@ fn main() -> std::process::ExitCode {
         replay::tests(),
         restart::tests(),
         external::tests(),
+        external_workers::tests(),
         cleanup::tests(),
         cli::tests(),
     ]

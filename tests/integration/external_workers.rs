@@ -1,0 +1,121 @@
+//! Certifying workers racecert did not write, from the outside: worker processes under the
+//! contract's environment, with SIGKILL, SIGSTOP/SIGCONT and rolling restarts.
+
+use racecert::env::TestBed;
+use racecert::reference::defects::{Defect, Defects};
+use racecert::report::SuiteOutcome;
+use racecert::suite::certify::certify_external;
+
+crate::tests!(
+    the_reference_worker_process_passes_and_its_unfenced_defect_is_caught,
+    the_python_example_worker_passes_and_its_unfenced_variant_is_caught,
+);
+
+fn broken(outcome: &SuiteOutcome) -> Vec<String> {
+    outcome
+        .counterexample
+        .iter()
+        .flat_map(|c| c.violations.iter().map(|v| v.invariant.clone()))
+        .collect()
+}
+
+/// No worker process of this command may outlive its run.
+fn leftovers(pattern: &str) -> anyhow::Result<Vec<String>> {
+    let output = std::process::Command::new("pgrep")
+        .arg("-af")
+        .arg(pattern)
+        .output()?;
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|l| !l.contains("pgrep"))
+        .map(str::to_owned)
+        .collect())
+}
+
+async fn check_pair(
+    bed: &TestBed,
+    command: &str,
+    bad_command: &str,
+    defects: Defects,
+) -> anyhow::Result<()> {
+    let good = certify_external(bed, command, 2, 1, &Defects::none(), |_| {}).await?;
+    anyhow::ensure!(
+        good.held && good.cases_run == 2,
+        "{command} must pass: {:?}\n{}",
+        broken(&good),
+        good.counterexample
+            .as_ref()
+            .map(|c| c.timeline.as_str())
+            .unwrap_or("")
+    );
+    anyhow::ensure!(
+        !good.worker_outputs.is_empty()
+            && good
+                .worker_outputs
+                .values()
+                .any(|(out, _)| out.contains("status=")),
+        "worker stdout is kept in the report"
+    );
+    let bad = certify_external(bed, bad_command, 4, 1, &defects, |_| {}).await?;
+    let invariants = broken(&bad);
+    anyhow::ensure!(
+        invariants
+            .iter()
+            .any(|i| i == "at-most-one-final-write" || i == "generations-increase"),
+        "{bad_command} must break at-most-one-final-write or generations-increase, broke {invariants:?} in {} run(s)",
+        bad.cases_run
+    );
+    Ok(())
+}
+
+async fn the_reference_worker_process_passes_and_its_unfenced_defect_is_caught(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let _shared = bed.shared().await;
+    let command = format!("{} worker", env!("CARGO_BIN_EXE_racecert"));
+    check_pair(
+        bed,
+        &command,
+        &command,
+        Defects::of([Defect::UnfencedFinalWrite]),
+    )
+    .await?;
+    let left = leftovers(&command)?;
+    anyhow::ensure!(
+        left.is_empty(),
+        "worker processes outlived their runs: {left:?}"
+    );
+    Ok(())
+}
+
+async fn the_python_example_worker_passes_and_its_unfenced_variant_is_caught(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let _shared = bed.shared().await;
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/python-worker/worker.py"
+    );
+    let probe = std::process::Command::new("python3")
+        .args(["-c", "import redis, psycopg"])
+        .output()?;
+    anyhow::ensure!(
+        probe.status.success(),
+        "python3 with redis and psycopg is needed (pip install -r examples/python-worker/requirements.txt; .ci/run does it): {}",
+        String::from_utf8_lossy(&probe.stderr)
+    );
+    let command = format!("python3 {script}");
+    check_pair(
+        bed,
+        &command,
+        &format!("{command} --unfenced"),
+        Defects::none(),
+    )
+    .await?;
+    let left = leftovers(script)?;
+    anyhow::ensure!(
+        left.is_empty(),
+        "python workers outlived their runs: {left:?}"
+    );
+    Ok(())
+}
