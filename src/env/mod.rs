@@ -289,6 +289,40 @@ impl Drop for DedicatedProxy {
     }
 }
 
+/// Links of one case: proxies of its own in front of Redis, Postgres and (optionally) every
+/// backend, so the faults it injects (partitions, toxics) touch no other case. Dropping it
+/// deletes the proxies.
+#[derive(Debug)]
+pub struct CaseLinks {
+    /// The case's proxy in front of Redis.
+    pub redis: DedicatedProxy,
+    /// The case's proxy in front of Postgres.
+    pub postgres: DedicatedProxy,
+    /// The case's proxy in front of each version's backend (empty unless asked for).
+    pub backends: std::collections::BTreeMap<String, DedicatedProxy>,
+    redis_url: String,
+    database_url: String,
+}
+
+impl CaseLinks {
+    /// Redis URL through the case's proxy.
+    pub fn redis_url(&self) -> &str {
+        &self.redis_url
+    }
+
+    /// Postgres URL through the case's proxy.
+    pub fn database_url(&self) -> &str {
+        &self.database_url
+    }
+
+    /// Base URL of `version`'s backend through the case's proxy, if the links include backends.
+    pub fn backend_url(&self, version: &str) -> Option<String> {
+        self.backends
+            .get(version)
+            .map(|proxy| format!("http://{}", proxy.listen()))
+    }
+}
+
 static BED_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// The running test bed. Drop (or [`TestBed::shutdown`]) removes its containers and proxies.
@@ -703,6 +737,28 @@ impl TestBed {
         Ok(DedicatedProxy {
             proxy,
             api: self.api.clone(),
+        })
+    }
+
+    /// Proxies of a case's own in front of Redis, Postgres and, with `backends`, every backend.
+    pub async fn case_links(&self, backends: bool) -> Result<CaseLinks> {
+        let redis = self.dedicated_proxy(Target::Redis).await?;
+        let postgres = self.dedicated_proxy(Target::Postgres).await?;
+        let mut proxies = std::collections::BTreeMap::new();
+        if backends {
+            for (i, backend) in self.backends.iter().enumerate() {
+                proxies.insert(
+                    backend.server.version().to_owned(),
+                    self.dedicated_proxy(Target::Backend(i)).await?,
+                );
+            }
+        }
+        Ok(CaseLinks {
+            redis_url: via(&self.redis_direct_url, redis.listen()).to_string(),
+            database_url: via(&self.database_direct_url, postgres.listen()).to_string(),
+            redis,
+            postgres,
+            backends: proxies,
         })
     }
 

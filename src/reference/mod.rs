@@ -80,25 +80,37 @@ impl std::fmt::Debug for Pipeline {
 }
 
 /// `model-backend-A` -> `model-a`: the seed's `backend_endpoint` spelling.
-fn endpoint_name(backend: &str) -> String {
+pub fn endpoint_name(backend: &str) -> String {
     backend.replace("backend-", "").to_lowercase()
+}
+
+/// Every version's backend endpoint on `bed`, through the bed's shared proxies.
+pub fn backend_endpoints(bed: &TestBed) -> Result<BTreeMap<String, BackendEndpoint>> {
+    bed.versions()
+        .into_iter()
+        .map(|version| {
+            Ok((
+                version.to_owned(),
+                BackendEndpoint {
+                    name: endpoint_name(bed.backend(version)?.name()),
+                    url: bed.backend_url(version)?,
+                },
+            ))
+        })
+        .collect()
 }
 
 impl Pipeline {
     /// A pipeline on `bed` under `namespace`, every connection through the bed's proxies.
     pub async fn on(bed: &TestBed, namespace: &str, log: LogSink) -> Result<Pipeline> {
         let infra = Infra::connect(&bed.redis_url(), &bed.database_url()).await?;
-        let mut backends = BTreeMap::new();
-        for version in bed.versions() {
-            backends.insert(
-                version.to_owned(),
-                BackendEndpoint {
-                    name: endpoint_name(bed.backend(version)?.name()),
-                    url: bed.backend_url(version)?,
-                },
-            );
-        }
-        Pipeline::with_infra(infra, Keys::namespaced(namespace), backends, log).await
+        Pipeline::with_infra(
+            infra,
+            Keys::namespaced(namespace),
+            backend_endpoints(bed)?,
+            log,
+        )
+        .await
     }
 
     /// A pipeline over given connections and backend endpoints.

@@ -8,9 +8,9 @@ use crate::check::{Invariant, check};
 use crate::contract::Keys;
 use crate::contract::log::Level;
 use crate::contract::worker::{WorkerContext, WorkerFactory, WorkerUnderTest};
+use crate::env::TestBed;
 use crate::env::backends::Behaviour;
 use crate::env::proxy::{Direction, Toxic};
-use crate::env::{DedicatedProxy, Target, TestBed};
 use crate::fault::FaultKind;
 use crate::history::{Event, EventKind, History, SubmittedRequest, read_audit, read_jobs};
 use crate::reference::Pipeline;
@@ -100,6 +100,61 @@ impl ChaosSettings {
 
 static CHAOS_RUNS: AtomicU64 = AtomicU64::new(0);
 
+/// Requests submitted at seeded times over the first part of a free-running case, so that faults
+/// meet work in flight (shared by the chaos and external runners).
+pub(crate) struct Arrivals {
+    due: std::iter::Peekable<std::vec::IntoIter<(Duration, usize)>>,
+    inputs: usize,
+    /// What was submitted so far.
+    pub(crate) submitted: Vec<SubmittedRequest>,
+}
+
+impl Arrivals {
+    /// `count` requests at times drawn from `rng` within `window`, over `inputs` distinct inputs.
+    pub(crate) fn new(count: usize, inputs: usize, window: Duration, rng: &mut StdRng) -> Arrivals {
+        let mut due: Vec<(Duration, usize)> = (0..count)
+            .map(|i| (window.mul_f64(rng.random_range(0.0..1.0)), i))
+            .collect();
+        due.sort();
+        Arrivals {
+            due: due.into_iter().peekable(),
+            inputs: inputs.max(1),
+            submitted: Vec::new(),
+        }
+    }
+
+    /// Whether requests are still to come.
+    pub(crate) fn pending(&mut self) -> bool {
+        self.due.peek().is_some()
+    }
+
+    /// Submits every request due `elapsed` into the run.
+    pub(crate) async fn submit_due(
+        &mut self,
+        elapsed: Duration,
+        api: &mut crate::reference::submit::Api,
+    ) -> Result<()> {
+        while let Some((at, i)) = self.due.peek().copied() {
+            if elapsed < at {
+                break;
+            }
+            self.due.next();
+            let request_id = format!("req-{i}");
+            let submitted = api
+                .submit(&InferenceRequest {
+                    request_id: request_id.clone(),
+                    input: format!("input-{}", i % self.inputs),
+                })
+                .await?;
+            self.submitted.push(SubmittedRequest {
+                request_id,
+                idempotency_key: submitted.idempotency_key,
+            });
+        }
+        Ok(())
+    }
+}
+
 /// Marks a log line as a fault (turned into a fault event in the history).
 const FAULT_FIELD: &str = "fault";
 
@@ -164,34 +219,19 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
     );
     let keys = Keys::namespaced(&namespace);
     // Faults touch this case only: proxies of its own for Redis, Postgres and each backend.
-    let redis_proxy = bed.dedicated_proxy(Target::Redis).await?;
-    let pg_proxy = bed.dedicated_proxy(Target::Postgres).await?;
-    let mut backend_proxies: BTreeMap<String, DedicatedProxy> = BTreeMap::new();
+    let links = bed.case_links(true).await?;
     let mut backends = BTreeMap::new();
-    for (i, version) in bed.versions().iter().enumerate() {
-        let proxy = bed.dedicated_proxy(Target::Backend(i)).await?;
+    for version in bed.versions() {
         backends.insert(
-            (*version).to_owned(),
+            version.to_owned(),
             BackendEndpoint {
-                name: bed
-                    .backend(version)?
-                    .name()
-                    .replace("backend-", "")
-                    .to_lowercase(),
-                url: format!("http://{}", proxy.listen()),
+                name: crate::reference::endpoint_name(bed.backend(version)?.name()),
+                url: links.backend_url(version).unwrap_or_default(),
             },
         );
-        backend_proxies.insert((*version).to_owned(), proxy);
     }
-    let redis_url = bed.redis_url().replace(
-        &bed.redis_proxy().listen().to_string(),
-        &redis_proxy.listen().to_string(),
-    );
-    let database_url = bed.database_url().replace(
-        &bed.postgres_proxy().listen().to_string(),
-        &pg_proxy.listen().to_string(),
-    );
-    let infra = Infra::connect(&redis_url, &database_url).await?;
+    let (redis_proxy, pg_proxy, backend_proxies) = (&links.redis, &links.postgres, &links.backends);
+    let infra = Infra::connect(links.redis_url(), links.database_url()).await?;
     let admin = Infra::connect(&bed.redis_url(), &bed.database_url()).await?;
     let log = LogSink::default();
     // The API side submits through the harness's connections: clients retry their submits, and
@@ -201,15 +241,12 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
         .api;
     // Requests arrive throughout the first 80% of the run, so faults meet work in flight.
     let mut rng = StdRng::seed_from_u64(settings.seed);
-    let mut arrivals: Vec<(Duration, usize)> = (0..settings.requests)
-        .map(|i| {
-            let at = settings.duration.mul_f64(0.8 * rng.random_range(0.0..1.0));
-            (at, i)
-        })
-        .collect();
-    arrivals.sort();
-    let mut arrivals = arrivals.into_iter().peekable();
-    let mut requests = Vec::new();
+    let mut arrivals = Arrivals::new(
+        settings.requests,
+        settings.inputs,
+        settings.duration.mul_f64(0.8),
+        &mut rng,
+    );
 
     let mut workers = Vec::new();
     for (index, spec) in settings.workers.iter().enumerate() {
@@ -250,25 +287,9 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
     let deadline = started + settings.duration;
     let mut cutover_done = settings.cutover_to.is_none();
     let mut crashes = 0u64;
-    while Instant::now() < deadline || arrivals.peek().is_some() {
+    while Instant::now() < deadline || arrivals.pending() {
         tokio::time::sleep(Duration::from_millis(rng.random_range(20..120))).await;
-        while let Some((at, i)) = arrivals.peek().copied() {
-            if started.elapsed() < at {
-                break;
-            }
-            arrivals.next();
-            let request_id = format!("req-{i}");
-            let submitted = api
-                .submit(&InferenceRequest {
-                    request_id: request_id.clone(),
-                    input: format!("input-{}", i % settings.inputs.max(1)),
-                })
-                .await?;
-            requests.push(SubmittedRequest {
-                request_id,
-                idempotency_key: submitted.idempotency_key,
-            });
-        }
+        arrivals.submit_due(started.elapsed(), &mut api).await?;
         // Faults come every few polls, not every one.
         if !rng.random_bool(0.35) {
             continue;
@@ -337,7 +358,8 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
                 );
                 coverage.faults.entry(kind).or_insert((0, 0)).0 += 1;
             }
-            FaultKind::LeaseExpiry if !requests.is_empty() => {
+            FaultKind::LeaseExpiry if !arrivals.submitted.is_empty() => {
+                let requests = &arrivals.submitted;
                 let request = &requests[rng.random_range(0..requests.len())];
                 let mut redis = admin.redis.clone();
                 let deleted: i64 = redis::cmd("DEL")
@@ -366,9 +388,9 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
             }
             FaultKind::Partition => {
                 let (proxy, target) = if rng.random_bool(0.5) {
-                    (&redis_proxy, "Redis")
+                    (redis_proxy, "Redis")
                 } else {
-                    (&pg_proxy, "Postgres")
+                    (pg_proxy, "Postgres")
                 };
                 proxy.disable().await?;
                 emit_fault(&log, "partition", &[("target", target.into())]);
@@ -381,6 +403,7 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
         }
     }
 
+    let requests = std::mem::take(&mut arrivals.submitted);
     // Heal everything, stop the loops, let in-flight attempts end.
     stop.store(true, Ordering::SeqCst);
     guards.clear();

@@ -138,16 +138,7 @@ impl<'a> Controller<'a> {
             return Err(Error::Config("a case needs at least one worker".into()));
         }
         let infra = Infra::connect(&bed.redis_url(), &bed.database_url()).await?;
-        let mut backends = BTreeMap::new();
-        for version in bed.versions() {
-            backends.insert(
-                version.to_owned(),
-                BackendEndpoint {
-                    name: version_endpoint(bed.backend(version)?.name()),
-                    url: bed.backend_url(version)?,
-                },
-            );
-        }
+        let backends = crate::reference::backend_endpoints(bed)?;
         for spec in &settings.workers {
             if !backends.contains_key(&spec.version) {
                 return Err(Error::Config(format!(
@@ -191,10 +182,6 @@ impl<'a> Controller<'a> {
     }
 }
 
-fn version_endpoint(backend: &str) -> String {
-    backend.replace("backend-", "").to_lowercase()
-}
-
 /// The state of one running case.
 struct CaseRun<'c, 'a> {
     controller: &'c Controller<'a>,
@@ -233,19 +220,10 @@ impl<'c, 'a> CaseRun<'c, 'a> {
         // A partition must cut off this case only: it gets proxies (and connections) of its own.
         let mut partitions = HashMap::new();
         let infra = if needs_partition {
-            let redis = bed.dedicated_proxy(Target::Redis).await?;
-            let postgres = bed.dedicated_proxy(Target::Postgres).await?;
-            let redis_url = bed.redis_url().replace(
-                &bed.redis_proxy().listen().to_string(),
-                &redis.listen().to_string(),
-            );
-            let database_url = bed.database_url().replace(
-                &bed.postgres_proxy().listen().to_string(),
-                &postgres.listen().to_string(),
-            );
-            let infra = Infra::connect(&redis_url, &database_url).await?;
-            partitions.insert(PartitionTarget::Redis, redis);
-            partitions.insert(PartitionTarget::Postgres, postgres);
+            let links = bed.case_links(false).await?;
+            let infra = Infra::connect(links.redis_url(), links.database_url()).await?;
+            partitions.insert(PartitionTarget::Redis, links.redis);
+            partitions.insert(PartitionTarget::Postgres, links.postgres);
             infra
         } else {
             controller.infra.clone()

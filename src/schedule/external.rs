@@ -8,14 +8,13 @@
 
 use crate::check::{Invariant, check};
 use crate::contract::Keys;
-use crate::env::{DedicatedProxy, Target, TestBed};
+use crate::env::TestBed;
 use crate::fault::FaultKind;
-use crate::history::{Event, EventKind, History, SubmittedRequest, read_audit, read_jobs};
+use crate::history::{Event, EventKind, History, read_audit, read_jobs};
 use crate::reference::Pipeline;
 use crate::reference::defects::Defects;
 use crate::reference::logsink::LogSink;
 use crate::reference::process::WorkerEnv;
-use crate::reference::submit::InferenceRequest;
 use crate::reference::worker::Infra;
 use crate::schedule::WorkerSpec;
 use crate::schedule::controlled::{CaseResult, Coverage};
@@ -283,33 +282,20 @@ pub async fn run_external(bed: &TestBed, settings: &ExternalSettings) -> Result<
         RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
     let keys = Keys::namespaced(&namespace);
-    let redis_proxy = bed.dedicated_proxy(Target::Redis).await?;
-    let pg_proxy = bed.dedicated_proxy(Target::Postgres).await?;
-    let mut backend_proxies: BTreeMap<String, DedicatedProxy> = BTreeMap::new();
+    // Faults touch this run only: proxies of its own for Redis, Postgres and each backend.
+    let links = bed.case_links(true).await?;
+    let (redis_proxy, pg_proxy, backend_proxies) = (&links.redis, &links.postgres, &links.backends);
     let mut envs = BTreeMap::new();
-    let redis_url = bed.redis_url().replace(
-        &bed.redis_proxy().listen().to_string(),
-        &redis_proxy.listen().to_string(),
-    );
-    let database_url = bed.database_url().replace(
-        &bed.postgres_proxy().listen().to_string(),
-        &pg_proxy.listen().to_string(),
-    );
-    for (i, version) in bed.versions().iter().enumerate() {
-        let proxy = bed.dedicated_proxy(Target::Backend(i)).await?;
+    for version in bed.versions() {
         envs.insert(
-            (*version).to_owned(),
+            version.to_owned(),
             WorkerEnv {
                 worker_id: String::new(),
-                model_version: (*version).to_owned(),
-                redis_url: redis_url.clone(),
-                database_url: database_url.clone(),
-                backend_url: format!("http://{}", proxy.listen()),
-                backend_endpoint: bed
-                    .backend(version)?
-                    .name()
-                    .replace("backend-", "")
-                    .to_lowercase(),
+                model_version: version.to_owned(),
+                redis_url: links.redis_url().to_owned(),
+                database_url: links.database_url().to_owned(),
+                backend_url: links.backend_url(version).unwrap_or_default(),
+                backend_endpoint: crate::reference::endpoint_name(bed.backend(version)?.name()),
                 key_prefix: keys.prefix().to_owned(),
                 lease_ttl: settings.lease_ttl,
                 visibility_timeout: settings.visibility_timeout,
@@ -317,7 +303,6 @@ pub async fn run_external(bed: &TestBed, settings: &ExternalSettings) -> Result<
                 defects: settings.defects.clone(),
             },
         );
-        backend_proxies.insert((*version).to_owned(), proxy);
     }
     let admin = Infra::connect(&bed.redis_url(), &bed.database_url()).await?;
     let log = LogSink::default();
@@ -353,17 +338,12 @@ pub async fn run_external(bed: &TestBed, settings: &ExternalSettings) -> Result<
     }
 
     let mut rng = StdRng::seed_from_u64(settings.seed);
-    let mut arrivals: Vec<(Duration, usize)> = (0..settings.requests)
-        .map(|i| {
-            (
-                settings.duration.mul_f64(0.7 * rng.random_range(0.0..1.0)),
-                i,
-            )
-        })
-        .collect();
-    arrivals.sort();
-    let mut arrivals = arrivals.into_iter().peekable();
-    let mut requests = Vec::new();
+    let mut arrivals = crate::schedule::chaos::Arrivals::new(
+        settings.requests,
+        settings.inputs,
+        settings.duration.mul_f64(0.7),
+        &mut rng,
+    );
     let mut coverage = Coverage::default();
     let last_version = settings
         .workers
@@ -372,25 +352,9 @@ pub async fn run_external(bed: &TestBed, settings: &ExternalSettings) -> Result<
         .max()
         .unwrap_or_default();
     let mut rolled = !settings.faults.contains(&FaultKind::Cutover);
-    while started.elapsed() < settings.duration || arrivals.peek().is_some() {
+    while started.elapsed() < settings.duration || arrivals.pending() {
         tokio::time::sleep(Duration::from_millis(rng.random_range(100..300))).await;
-        while let Some((at, i)) = arrivals.peek().copied() {
-            if started.elapsed() < at {
-                break;
-            }
-            arrivals.next();
-            let request_id = format!("req-{i}");
-            let submitted = api
-                .submit(&InferenceRequest {
-                    request_id: request_id.clone(),
-                    input: format!("input-{}", i % settings.inputs.max(1)),
-                })
-                .await?;
-            requests.push(SubmittedRequest {
-                request_id,
-                idempotency_key: submitted.idempotency_key,
-            });
-        }
+        arrivals.submit_due(started.elapsed(), &mut api).await?;
         if !rolled && started.elapsed() >= settings.duration / 2 {
             // Rolling rollout: the pointer switches, then each older worker drains and comes back
             // on the new version.
@@ -462,7 +426,7 @@ pub async fn run_external(bed: &TestBed, settings: &ExternalSettings) -> Result<
                 tokio::time::sleep(pause).await;
                 signal(proc, Signal::SIGCONT);
                 // Its lease is gone for the checkers too: the pause outlived the TTL.
-                for request in &requests {
+                for request in &arrivals.submitted {
                     timeline.fault(
                         "lease_expired",
                         &[("idempotency_key", request.idempotency_key.clone())],
@@ -491,9 +455,9 @@ pub async fn run_external(bed: &TestBed, settings: &ExternalSettings) -> Result<
             }
             FaultKind::Partition => {
                 let (proxy, target) = if rng.random_bool(0.5) {
-                    (&redis_proxy, "Redis")
+                    (redis_proxy, "Redis")
                 } else {
-                    (&pg_proxy, "Postgres")
+                    (pg_proxy, "Postgres")
                 };
                 proxy.disable().await?;
                 timeline.fault("partition", &[("target", target.into())]);
@@ -509,6 +473,7 @@ pub async fn run_external(bed: &TestBed, settings: &ExternalSettings) -> Result<
         }
     }
 
+    let requests = std::mem::take(&mut arrivals.submitted);
     // Heal, then let the fleet finish the queue, bounded by the budget.
     drop(slow);
     redis_proxy.enable().await?;
