@@ -46,6 +46,9 @@ pub mod status {
     pub const DISCARDED_LATE_RESULT: &str = "discarded_late_result";
     /// The delivery was acknowledged.
     pub const ACKED: &str = "acked";
+    /// A rejected late writer left the delivery unacknowledged: the job is not finished, so it
+    /// must be redelivered to whoever finishes it.
+    pub const LEFT_FOR_REDELIVERY: &str = "left_for_redelivery";
     /// The lease was released (only if still ours).
     pub const LEASE_RELEASED: &str = "lease_released";
     /// The lease had been lost (expired or taken) by the time it was released.

@@ -711,13 +711,32 @@ impl Worker {
         };
         self.checkpoint(Checkpoint::AfterFinalWrite).await?;
         self.checkpoint(Checkpoint::BeforeAck).await?;
-        if !acked {
+        // The delivery is the job's, not the attempt's: a rejected late writer may ack only if
+        // the job is finished. If the attempt that took over failed (its call timed out, it
+        // crashed), acking here would drop the job's last delivery and lose it (found by the
+        // upstream-timeout suite, seed 3).
+        let finished = match outcome {
+            Outcome::LateWriteRejected => self.job_is_terminal(&attempt.key).await?,
+            _ => true,
+        };
+        if !acked && finished {
             self.ack(&mut queue, delivery, &attempt).await?;
+        } else if !acked {
+            self.log(Level::Info, &attempt, status::LEFT_FOR_REDELIVERY, &[]);
         }
         self.checkpoint(Checkpoint::BeforeRelease).await?;
         self.release(&mut redis, &lease_key, &token, &attempt)
             .await?;
         Ok(outcome)
+    }
+
+    async fn job_is_terminal(&self, idempotency_key: &str) -> Result<bool> {
+        let status: Option<String> =
+            sqlx::query_scalar("SELECT status FROM inference_jobs WHERE idempotency_key = $1")
+                .bind(idempotency_key)
+                .fetch_optional(&self.infra.pg)
+                .await?;
+        Ok(status.is_some_and(|s| matches!(s.as_str(), "SUCCEEDED" | "FAILED" | "CANCELLED")))
     }
 
     async fn call_backend(

@@ -124,6 +124,20 @@ fn rng(seed: u64) -> TestRng {
     TestRng::from_seed(RngAlgorithm::ChaCha, &bytes)
 }
 
+/// How many failures the regression file holds: proptest replays them before generating new
+/// cases, so case numbers (as reports and `racecert run --case` count them) start after them.
+fn persisted_count(config: &ExploreConfig) -> u32 {
+    config
+        .regressions
+        .as_ref()
+        .and_then(|path| std::fs::read_to_string(path).ok())
+        .map_or(0, |text| {
+            text.lines()
+                .filter(|l| l.trim_start().starts_with("cc "))
+                .count() as u32
+        })
+}
+
 /// Explores `space` with `controller`. Blocking: runs each case with `runtime.block_on`.
 pub fn explore(
     runtime: &tokio::runtime::Handle,
@@ -132,6 +146,7 @@ pub fn explore(
     config: &ExploreConfig,
 ) -> Result<ExploreReport> {
     let started = Instant::now();
+    let replays = persisted_count(config);
     let mut runner = runner(config)?;
     let strategy = space.strategy();
     let state = Mutex::new(State::default());
@@ -164,7 +179,9 @@ pub fn explore(
                     Ok(())
                 } else {
                     if state.first_failure.is_none() {
-                        state.first_failure = Some((state.cases, started.elapsed()));
+                        // 0: a replayed regression (it has no generated case number).
+                        let case = state.cases.saturating_sub(replays);
+                        state.first_failure = Some((case, started.elapsed()));
                     }
                     let names: Vec<&str> = result
                         .violations
@@ -235,6 +252,7 @@ pub fn replay_case(
             config.cases
         )));
     }
+    let replays = persisted_count(config);
     let mut runner = runner(config)?;
     let strategy = space.strategy();
     let seen = Mutex::new((0u32, None::<Schedule>));
@@ -242,7 +260,7 @@ pub fn replay_case(
     let _ = runner.run(&strategy, |schedule| {
         let mut seen = seen.lock().expect("poisoned");
         seen.0 += 1;
-        if seen.0 == case {
+        if seen.0 == replays + case {
             seen.1 = Some(schedule);
         }
         Ok(())

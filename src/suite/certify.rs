@@ -60,7 +60,12 @@ pub fn shard_of(mut suites: Vec<LoadedSuite>, shard: Option<(u32, u32)>) -> Vec<
 
 /// The command that reproduces case `case` of a suite.
 pub fn replay_command(suite: &LoadedSuite, seed: u64, case: u32, defects: &Defects) -> String {
-    let mut command = format!("racecert run {} --seed {seed} --case {case}", suite.path);
+    // Case 0: a replayed regression; exploring again replays it first.
+    let mut command = if case == 0 {
+        format!("racecert run {} --seed {seed}", suite.path)
+    } else {
+        format!("racecert run {} --seed {seed} --case {case}", suite.path)
+    };
     for defect in defects.iter() {
         command.push_str(&format!(" --defect {defect}"));
     }
