@@ -387,9 +387,15 @@ class Worker:
             # Final write, then ack after commit, then release.
             if self.unfenced:
                 self.unfenced_write(a, key, token, generation + 1, output, from_cache)
+                written = True
             else:
-                self.fenced_write(a, key, token, generation + 1, output, from_cache)
-            self.ack(d, a)
+                written = self.fenced_write(a, key, token, generation + 1, output, from_cache)
+            # The stream entry is the job's: a rejected late writer acks only a finished job,
+            # or the job's last delivery is gone if the attempt that took over failed.
+            if written or self.job_is_terminal(key):
+                self.ack(d, a)
+            else:
+                self.log("INFO", a, "left_for_redelivery")
             self.release(lease_key, token, a)
         except (redis.exceptions.RedisError, psycopg.Error, OSError) as err:
             # Partition, restart, timeout: the attempt ends, the delivery stays unacknowledged
@@ -435,8 +441,14 @@ class Worker:
             raise UpstreamError(f"{c.backend_endpoint}: bad answer: no string output")
         return output
 
+    def job_is_terminal(self, key: str) -> bool:
+        row = self.db().execute(
+            "SELECT status FROM inference_jobs WHERE idempotency_key = %s", (key,)
+        ).fetchone()
+        return row is not None and row[0] in ("SUCCEEDED", "FAILED", "CANCELLED")
+
     def fenced_write(self, a: Attempt, key: str, token: str, next_generation: int,
-                     output: str, from_cache: bool) -> None:
+                     output: str, from_cache: bool) -> bool:
         written = self.db().execute(FENCED_WRITE_SQL, {
             "key": key, "token": token, "next_generation": next_generation,
             "output": output, "version": self.config.model_version,
@@ -444,9 +456,10 @@ class Worker:
         if written == 1:
             self.log("INFO", a, "inference_succeeded", write="result_store",
                      generation=next_generation, from_cache=str(from_cache).lower())
-        else:
-            self.log("WARN", a, "late_write_rejected")
-            self.log("INFO", a, "discarded_late_result")
+            return True
+        self.log("WARN", a, "late_write_rejected")
+        self.log("INFO", a, "discarded_late_result")
+        return False
 
     def unfenced_write(self, a: Attempt, key: str, token: str, next_generation: int,
                        output: str, from_cache: bool) -> None:
