@@ -220,6 +220,28 @@ pub struct History {
     pub requests: Vec<SubmittedRequest>,
 }
 
+/// Assembles the history of a run whose keys live under `prefix`: its events, plus the two
+/// sources no worker can bypass (the audit trail and every backend's journal) and the job rows.
+pub async fn collect(
+    bed: &crate::env::TestBed,
+    pg: &PgPool,
+    prefix: &str,
+    events: Vec<Event>,
+    requests: Vec<SubmittedRequest>,
+) -> Result<History> {
+    let mut journal = Vec::new();
+    for version in bed.versions() {
+        journal.extend(bed.backend(version)?.journal(Some(prefix)).await);
+    }
+    Ok(History {
+        events,
+        audit: read_audit(pg, prefix).await?,
+        journal,
+        jobs: read_jobs(pg, prefix).await?,
+        requests,
+    })
+}
+
 /// Reads the audit trail of the keys under `prefix`.
 pub async fn read_audit(pg: &PgPool, prefix: &str) -> Result<Vec<AuditRow>> {
     Ok(sqlx::query_as(

@@ -12,7 +12,7 @@ use crate::env::TestBed;
 use crate::env::backends::Behaviour;
 use crate::env::proxy::{Direction, Toxic};
 use crate::fault::FaultKind;
-use crate::history::{Event, EventKind, History, SubmittedRequest, read_audit, read_jobs};
+use crate::history::{Event, EventKind, SubmittedRequest};
 use crate::reference::Pipeline;
 use crate::reference::checkpoints::Checkpoints;
 use crate::reference::defects::Defects;
@@ -500,17 +500,7 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
             }
         })
         .collect();
-    let mut journal = Vec::new();
-    for version in bed.versions() {
-        journal.extend(bed.backend(version)?.journal(Some(keys.prefix())).await);
-    }
-    let history = History {
-        events,
-        audit: read_audit(&admin.pg, keys.prefix()).await?,
-        journal,
-        jobs: read_jobs(&admin.pg, keys.prefix()).await?,
-        requests,
-    };
+    let history = crate::history::collect(bed, &admin.pg, keys.prefix(), events, requests).await?;
     let upstream_failures = history.with_status("upstream_failed").count() as u32;
     for kind in [FaultKind::UpstreamTimeout, FaultKind::BackendFailure] {
         if let Some(entry) = coverage.faults.get_mut(&kind) {

@@ -10,7 +10,7 @@ use crate::contract::worker::{WorkerContext, WorkerFactory, WorkerUnderTest};
 use crate::env::backends::{Behaviour, ProgramGuard};
 use crate::env::{DedicatedProxy, Target, TestBed};
 use crate::fault::{Fault, FaultKind, PartitionTarget};
-use crate::history::{EventKind, History, Recorder, SubmittedRequest, read_audit, read_jobs};
+use crate::history::{EventKind, History, Recorder, SubmittedRequest, read_jobs};
 use crate::reference::Pipeline;
 use crate::reference::ReferenceFactory;
 use crate::reference::checkpoints::{Arrival, Checkpoint, Gate};
@@ -716,23 +716,14 @@ impl<'c, 'a> CaseRun<'c, 'a> {
         self.recorder.collect_log(&self.pipeline.log);
         let pg = &self.admin.pg;
         let prefix = self.pipeline.keys.prefix();
-        let mut journal = Vec::new();
-        for version in self.controller.bed.versions() {
-            journal.extend(
-                self.controller
-                    .bed
-                    .backend(version)?
-                    .journal(Some(prefix))
-                    .await,
-            );
-        }
-        let history = History {
-            events: self.recorder.events(),
-            audit: read_audit(pg, prefix).await?,
-            journal,
-            jobs: read_jobs(pg, prefix).await?,
-            requests: self.requests.clone(),
-        };
+        let history = crate::history::collect(
+            self.controller.bed,
+            pg,
+            prefix,
+            self.recorder.events(),
+            self.requests.clone(),
+        )
+        .await?;
         let mut coverage = self.coverage.clone();
         let upstream_failures = history.with_status("upstream_failed").count() as u32;
         for (kind, marker) in [

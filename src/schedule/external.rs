@@ -10,7 +10,7 @@ use crate::check::{Invariant, check};
 use crate::contract::Keys;
 use crate::env::TestBed;
 use crate::fault::FaultKind;
-use crate::history::{Event, EventKind, History, read_audit, read_jobs};
+use crate::history::{Event, EventKind, read_jobs};
 use crate::reference::Pipeline;
 use crate::reference::defects::Defects;
 use crate::reference::logsink::LogSink;
@@ -540,17 +540,7 @@ pub async fn run_external(bed: &TestBed, settings: &ExternalSettings) -> Result<
                 kind,
             }),
     );
-    let mut journal = Vec::new();
-    for version in bed.versions() {
-        journal.extend(bed.backend(version)?.journal(Some(keys.prefix())).await);
-    }
-    let history = History {
-        events,
-        audit: read_audit(&admin.pg, keys.prefix()).await?,
-        journal,
-        jobs: read_jobs(&admin.pg, keys.prefix()).await?,
-        requests,
-    };
+    let history = crate::history::collect(bed, &admin.pg, keys.prefix(), events, requests).await?;
     let late = history.with_status("late_write_rejected").count()
         + history.with_status("late_success").count();
     let entry = coverage
