@@ -120,12 +120,7 @@ impl Queue {
             .await
         {
             Ok(reply) => reply,
-            // The group vanished with a Redis restart: recreate it, the entries are gone anyway.
-            Err(err) if err.code() == Some("NOGROUP") => {
-                self.ensure_group().await?;
-                return Ok(None);
-            }
-            Err(err) => return Err(err.into()),
+            Err(err) => return self.after_read_error(err).await,
         };
         let entry = reply
             .and_then(|r| r.keys.into_iter().next())
@@ -156,11 +151,7 @@ impl Queue {
             .await
         {
             Ok(reply) => reply,
-            Err(err) if err.code() == Some("NOGROUP") => {
-                self.ensure_group().await?;
-                return Ok(None);
-            }
-            Err(err) => return Err(err.into()),
+            Err(err) => return self.after_read_error(err).await,
         };
         let Some(entry) = reply.claimed.into_iter().next() else {
             return Ok(None);
@@ -176,6 +167,16 @@ impl Queue {
             .map(|p| p.times_delivered as u64)
             .unwrap_or(1);
         Ok(Some(parse(entry, count)?))
+    }
+
+    /// A read failed. If the group vanished with a Redis restart, recreate it (its entries are
+    /// gone anyway) and report nothing to deliver; any other error is returned.
+    async fn after_read_error(&mut self, err: redis::RedisError) -> Result<Option<Delivery>> {
+        if err.code() == Some("NOGROUP") {
+            self.ensure_group().await?;
+            return Ok(None);
+        }
+        Err(err.into())
     }
 
     /// Acknowledges a delivery: it will not be redelivered. Returns whether it was still pending.

@@ -167,6 +167,25 @@ fn emit_fault(log: &LogSink, what: &str, fields: &[(&str, String)]) {
     log.emit(Level::Warn, line);
 }
 
+/// Processes a delivery; an infrastructure error ends the attempt and is recorded as a fault
+/// event (the delivery stays unacknowledged and is redelivered).
+async fn process_logged(
+    worker: &dyn WorkerUnderTest,
+    delivery: crate::reference::queue::Delivery,
+    log: &LogSink,
+) {
+    if let Err(err) = worker.process(delivery).await {
+        emit_fault(
+            log,
+            "attempt_error",
+            &[
+                ("worker_id", worker.id().to_owned()),
+                ("error", err.to_string()),
+            ],
+        );
+    }
+}
+
 /// One worker's loop: receive (the harness's queue, real visibility timeout), process, pause.
 async fn worker_loop(
     worker: Arc<dyn WorkerUnderTest>,
@@ -184,16 +203,7 @@ async fn worker_loop(
         }
         match queue.receive(worker.id(), visibility).await {
             Ok(Some(delivery)) => {
-                if let Err(err) = worker.process(delivery).await {
-                    emit_fault(
-                        &log,
-                        "attempt_error",
-                        &[
-                            ("worker_id", worker.id().to_owned()),
-                            ("error", err.to_string()),
-                        ],
-                    );
-                }
+                process_logged(worker.as_ref(), delivery, &log).await;
             }
             Ok(None) => {
                 // Nothing to do: poll again soon (free-running workers poll, as real ones do).
@@ -458,16 +468,7 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
             };
             if let Some(delivery) = delivery {
                 progressed = true;
-                if let Err(err) = worker.process(delivery).await {
-                    emit_fault(
-                        &log,
-                        "attempt_error",
-                        &[
-                            ("worker_id", worker.id().to_owned()),
-                            ("error", err.to_string()),
-                        ],
-                    );
-                }
+                process_logged(worker.as_ref(), delivery, &log).await;
             }
         }
         if !progressed {
