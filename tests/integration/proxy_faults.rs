@@ -5,12 +5,15 @@ use racecert::env::proxy::{Direction, Toxic};
 use racecert::env::{Target, TestBed};
 use sqlx::Connection;
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 crate::tests!(
     latency_toxic_of_300ms_on_a_backend_proxy_delays_the_call_by_at_least_that,
     timeout_toxic_makes_a_client_with_a_200ms_timeout_fail,
     disabled_postgres_proxy_fails_fast_and_enabling_it_restores_service,
     toxics_are_verified_and_errors_surface,
+    reset_peer_toxic_resets_a_redis_connection_and_its_removal_heals_it,
 );
 
 fn infer_body(namespace: &str) -> InferRequest {
@@ -146,6 +149,7 @@ async fn toxics_are_verified_and_errors_surface(bed: &TestBed) -> anyhow::Result
             delay_us: 10,
         },
         Toxic::LimitData { bytes: 4096 },
+        Toxic::ResetPeer { timeout_ms: 5_000 },
     ];
     for toxic in toxics {
         proxy.add_toxic(toxic, Direction::Downstream, 1.0).await?;
@@ -190,5 +194,44 @@ async fn toxics_are_verified_and_errors_surface(bed: &TestBed) -> anyhow::Result
     );
     let unknown = bed.toxiproxy().proxy("no-such-proxy").await;
     anyhow::ensure!(unknown.is_err(), "an unknown proxy was found");
+    Ok(())
+}
+
+/// One inline RESP PING over a raw socket, so the test sees the socket error itself rather than a
+/// client library's translation of it.
+async fn ping(conn: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    conn.write_all(b"PING\r\n").await?;
+    let mut reply = vec![0u8; 7];
+    tokio::time::timeout(Duration::from_secs(5), conn.read_exact(&mut reply))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no reply in 5 s"))??;
+    Ok(reply)
+}
+
+async fn reset_peer_toxic_resets_a_redis_connection_and_its_removal_heals_it(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let _shared = bed.shared().await;
+    let proxy = bed.dedicated_proxy(Target::Redis).await?;
+    let mut conn = TcpStream::connect(proxy.listen()).await?;
+    anyhow::ensure!(ping(&mut conn).await? == b"+PONG\r\n");
+
+    proxy
+        .add_toxic(Toxic::ResetPeer { timeout_ms: 0 }, Direction::Upstream, 1.0)
+        .await?;
+    // The live connection and a new one are both reset on their next request.
+    let mut fresh = TcpStream::connect(proxy.listen()).await?;
+    for (which, conn) in [("live", &mut conn), ("new", &mut fresh)] {
+        match ping(conn).await {
+            Err(err) if err.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => anyhow::bail!("{which} connection: expected a reset, got {other:?}"),
+        }
+    }
+
+    proxy
+        .remove_toxic(&Toxic::ResetPeer { timeout_ms: 0 }.name(Direction::Upstream))
+        .await?;
+    let mut healed = TcpStream::connect(proxy.listen()).await?;
+    anyhow::ensure!(ping(&mut healed).await? == b"+PONG\r\n");
     Ok(())
 }

@@ -621,6 +621,7 @@ fn attributes_json(kind: &ToxicKind) -> Value {
             "delay": delay,
         }),
         ToxicKind::LimitData { bytes } => json!({ "bytes": bytes }),
+        ToxicKind::ResetPeer { timeout } => json!({ "timeout": timeout }),
     }
 }
 
@@ -741,7 +742,9 @@ fn parse_kind(kind_name: &str, attributes: &Map<String, Value>) -> Result<ToxicK
         "limit_data" => ToxicKind::LimitData {
             bytes: attr("bytes")?,
         },
-        // reset_peer (and anything newer) has no counterpart in the noxious engine.
+        "reset_peer" => ToxicKind::ResetPeer {
+            timeout: attr("timeout")?,
+        },
         other => {
             return Err(ApiError::bad_request(format!(
                 "unsupported toxic type {other}"
@@ -1477,6 +1480,65 @@ mod tests {
         assert_eq!(shown["toxicity"], json!(0.5));
     }
 
+    /// Reads once: a reset must surface as ECONNRESET, never as data or an orderly EOF.
+    async fn assert_reset(conn: &mut TcpStream) {
+        let mut buf = [0u8; 64];
+        match tokio::time::timeout(GUARD, conn.read(&mut buf)).await {
+            Err(_) => panic!("connection neither reset nor closed"),
+            Ok(Err(err)) => assert_eq!(err.kind(), ErrorKind::ConnectionReset, "{err}"),
+            Ok(Ok(0)) => panic!("connection closed with a FIN, expected a reset"),
+            Ok(Ok(n)) => panic!("{n} bytes passed a reset_peer toxic"),
+        }
+    }
+
+    #[tokio::test]
+    async fn reset_peer_toxic_resets_live_and_new_connections_once_data_flows() {
+        let server = start_server().await;
+        let api = server.addr();
+        let listen = populate_one(api, "rst", upstream("hi").await).await;
+        let mut live = connect(listen, "hi").await;
+
+        let (status, created) = http_json(
+            api,
+            "POST",
+            "/proxies/rst/toxics",
+            r#"{"type":"reset_peer","stream":"upstream","attributes":{"timeout":150}}"#,
+        )
+        .await;
+        assert_eq!(status, 200, "{created}");
+        assert_eq!(
+            created,
+            json!({"name": "reset_peer_upstream", "type": "reset_peer", "stream": "upstream",
+                   "toxicity": 1.0, "attributes": {"timeout": 150}})
+        );
+
+        // A live connection is reset once it sends, after the toxic's timeout.
+        let started = Instant::now();
+        live.write_all(b"PING").await.expect("send");
+        assert_reset(&mut live).await;
+        assert!(
+            started.elapsed() >= Duration::from_millis(150),
+            "reset before the timeout: {:?}",
+            started.elapsed()
+        );
+
+        // A new connection is accepted (the greeting flows downstream, untouched), then reset
+        // on its first upstream byte.
+        let mut fresh = connect(listen, "hi").await;
+        fresh.write_all(b"PING").await.expect("send");
+        assert_reset(&mut fresh).await;
+
+        // Removed, the proxy passes data again, and a normal close is a FIN again.
+        let (status, _) = http(api, "DELETE", "/proxies/rst/toxics/reset_peer_upstream", "").await;
+        assert_eq!(status, 204);
+        let mut healed = connect(listen, "hi").await;
+        round_trip(&mut healed, b"PING").await;
+        healed.shutdown().await.expect("half-close");
+        let mut buf = [0u8; 8];
+        let end = tokio::time::timeout(GUARD, healed.read(&mut buf)).await;
+        assert!(matches!(end, Ok(Ok(0))), "expected a FIN, got {end:?}");
+    }
+
     #[tokio::test]
     async fn bandwidth_toxic_paces_large_chunks() {
         let server = start_server().await;
@@ -1568,17 +1630,9 @@ mod tests {
             assert_error(api, "POST", "/proxies/p/toxics", latency, 409).await,
             "toxic already exists"
         );
-        assert_error(api, "POST", "/proxies/p/toxics", r#"{"type":"bogus"}"#, 400).await;
         assert_eq!(
-            assert_error(
-                api,
-                "POST",
-                "/proxies/p/toxics",
-                r#"{"type":"reset_peer"}"#,
-                400
-            )
-            .await,
-            "unsupported toxic type reset_peer"
+            assert_error(api, "POST", "/proxies/p/toxics", r#"{"type":"bogus"}"#, 400).await,
+            "unsupported toxic type bogus"
         );
         for bad in [
             r#"{"type":"latency","name":"l2","attributes":{"latency":"slow"}}"#,
