@@ -39,6 +39,9 @@ enum Command {
         /// Seed (overrides the suite files).
         #[arg(long)]
         seed: Option<u64>,
+        /// Cases run at once (1: one at a time). Failures and shrinking are the same either way.
+        #[arg(long, default_value_t = racecert::schedule::explore::DEFAULT_CONCURRENCY, value_parser = concurrency_arg)]
+        concurrency: usize,
         /// Run shard i of n (e.g. 2/4); merge shard reports with `racecert report merge`.
         #[arg(long)]
         shard: Option<String>,
@@ -63,6 +66,9 @@ enum Command {
         /// Case number, as a failure report prints it (default: explore until a failure).
         #[arg(long)]
         case: Option<u32>,
+        /// Cases run at once (1: one at a time). Failures and shrinking are the same either way.
+        #[arg(long, default_value_t = racecert::schedule::explore::DEFAULT_CONCURRENCY, value_parser = concurrency_arg)]
+        concurrency: usize,
         /// Defects to switch on (repeatable).
         #[arg(long = "defect", value_name = "NAME")]
         defects: Vec<String>,
@@ -501,10 +507,22 @@ async fn certify_external_command(
     Ok(exit_code(report.passed()))
 }
 
+/// `--concurrency`: 1 to 64 cases at once.
+fn concurrency_arg(text: &str) -> std::result::Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n @ 1..=64) => Ok(n),
+        Ok(n) => Err(format!(
+            "{n} is out of range: between 1 and 64 cases at once"
+        )),
+        Err(err) => Err(format!("not a number of cases: {err}")),
+    }
+}
+
 async fn run_case(
     suite: &str,
     seed: Option<u64>,
     case: Option<u32>,
+    concurrency: usize,
     defects: Defects,
 ) -> Result<std::process::ExitCode> {
     let loaded = find_suite(suite)?;
@@ -520,6 +538,7 @@ async fn run_case(
             .next()
             .is_none()
             .then(|| PathBuf::from("proptest-regressions").join(format!("{}.txt", suite.name))),
+        concurrency,
         ..Default::default()
     };
     let result = tokio::task::block_in_place(|| -> Result<bool> {
@@ -581,6 +600,7 @@ async fn run(command: Command) -> Result<std::process::ExitCode> {
             defects,
             cases,
             seed,
+            concurrency,
             shard,
             out,
             worker_cmd,
@@ -608,6 +628,7 @@ async fn run(command: Command) -> Result<std::process::ExitCode> {
                 seed,
                 shard,
                 regressions: Some(PathBuf::from("proptest-regressions")),
+                concurrency,
             };
             if cases == Some(0) {
                 anyhow::bail!("--cases must be at least 1");
@@ -620,8 +641,9 @@ async fn run(command: Command) -> Result<std::process::ExitCode> {
             suite,
             seed,
             case,
+            concurrency,
             defects,
-        } => run_case(&suite, seed, case, parse_defects(&defects)?).await,
+        } => run_case(&suite, seed, case, concurrency, parse_defects(&defects)?).await,
         Command::Replay {
             file,
             request,

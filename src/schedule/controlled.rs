@@ -119,6 +119,9 @@ pub struct Controller<'a> {
     backends: BTreeMap<String, BackendEndpoint>,
     run_id: String,
     cases: AtomicU64,
+    /// Cases may run concurrently (each in its own namespace, on its own proxies when it cuts a
+    /// link); one that restarts a container hits every case, so it runs alone.
+    turns: tokio::sync::RwLock<()>,
 }
 
 impl std::fmt::Debug for Controller<'_> {
@@ -160,6 +163,7 @@ impl<'a> Controller<'a> {
                 RUNS.fetch_add(1, Ordering::Relaxed)
             ),
             cases: AtomicU64::new(0),
+            turns: tokio::sync::RwLock::new(()),
         })
     }
 
@@ -168,8 +172,18 @@ impl<'a> Controller<'a> {
         &self.settings
     }
 
-    /// Runs one schedule as a fresh case (its own key namespace) and checks it.
+    /// Runs one schedule as a fresh case (its own key namespace) and checks it. Cases may run
+    /// concurrently on one controller.
     pub async fn run(&self, schedule: &Schedule) -> Result<CaseResult> {
+        let restarts = schedule
+            .steps
+            .iter()
+            .any(|step| matches!(step, Step::Fault(Fault::RestartRedis)));
+        let _turn = if restarts {
+            (None, Some(self.turns.write().await))
+        } else {
+            (Some(self.turns.read().await), None)
+        };
         let case = self.cases.fetch_add(1, Ordering::Relaxed);
         let namespace = format!("{}c{case}", self.run_id);
         let mut run = CaseRun::start(self, schedule, &namespace).await?;

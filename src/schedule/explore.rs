@@ -4,18 +4,22 @@
 //! persisted to a regression file so later runs (and CI) replay every past failure first.
 //!
 //! proptest's runner is driven programmatically (not through the `proptest!` macro) so `cargo
-//! test`, `racecert certify` and the benchmarks share it. Its test closure is synchronous: call
+//! test`, `racecert certify` and the benchmarks share it. It generates the cases; racecert runs
+//! several at once, in generation order, and hands the first failure back to proptest to shrink. Its test closure is synchronous: call
 //! [`explore`] from a blocking thread (e.g. `tokio::task::spawn_blocking`) with a runtime handle.
 
 use crate::check::Violation;
 use crate::schedule::controlled::{CaseResult, Controller, Coverage};
 use crate::schedule::{Schedule, ScheduleSpace};
 use crate::{Error, Result};
+use futures::StreamExt;
 use proptest::test_runner::{
     Config, FileFailurePersistence, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner,
 };
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Called after every case with the number of cases run so far.
@@ -27,6 +31,10 @@ impl std::fmt::Debug for Progress {
         f.write_str("Progress")
     }
 }
+
+/// Cases in flight at once by default: most of a case's time is round trips to the containers,
+/// so a few cases overlap well even on two cores (see BENCHMARKS.md).
+pub const DEFAULT_CONCURRENCY: usize = 4;
 
 /// How to explore.
 #[derive(Debug, Clone)]
@@ -43,6 +51,8 @@ pub struct ExploreConfig {
     pub time_budget: Option<Duration>,
     /// Progress callback.
     pub progress: Option<Progress>,
+    /// Cases run at once while screening (shrinking is one at a time). 1 runs them one by one.
+    pub concurrency: usize,
 }
 
 impl Default for ExploreConfig {
@@ -54,6 +64,7 @@ impl Default for ExploreConfig {
             regressions: None,
             time_budget: None,
             progress: None,
+            concurrency: DEFAULT_CONCURRENCY,
         }
     }
 }
@@ -138,7 +149,12 @@ fn persisted_count(config: &ExploreConfig) -> u32 {
         })
 }
 
-/// Explores `space` with `controller`. Blocking: runs each case with `runtime.block_on`.
+/// Explores `space` with `controller`. Blocking: drives the cases with `runtime.block_on`.
+///
+/// Cases run `config.concurrency` at a time (they are isolated by namespace, and the controller
+/// serialises the few faults that touch every case), in proptest's generation order: the first
+/// failure is the one a one-at-a-time run would meet first, so seeds, case numbers and the
+/// regression file mean the same whatever the concurrency. Shrinking is sequential.
 pub fn explore(
     runtime: &tokio::runtime::Handle,
     controller: &Controller<'_>,
@@ -147,93 +163,224 @@ pub fn explore(
 ) -> Result<ExploreReport> {
     let started = Instant::now();
     let replays = persisted_count(config);
-    let mut runner = runner(config)?;
-    let strategy = space.strategy();
-    let state = Mutex::new(State::default());
-    let outcome = runner.run(&strategy, |schedule| {
-        {
-            let mut state = state.lock().expect("poisoned");
-            if state.harness_error.is_some() {
-                return Err(TestCaseError::reject("stopped by a harness error"));
-            }
-            if state.first_failure.is_none()
-                && config
-                    .time_budget
-                    .is_some_and(|budget| started.elapsed() > budget)
-            {
-                // Out of budget: the remaining cases are generated (cheap) but not run.
-                state.budget_exhausted = true;
-                return Ok(());
-            }
-        }
-        let result = runtime.block_on(controller.run(&schedule));
-        let mut state = state.lock().expect("poisoned");
-        state.cases += 1;
-        if let Some(progress) = &config.progress {
-            (progress.0)(state.cases);
-        }
-        match result {
-            Ok(result) => {
-                state.coverage.merge(&result.coverage);
-                if result.violations.is_empty() {
-                    Ok(())
-                } else {
-                    if state.first_failure.is_none() {
-                        // 0: a replayed regression (it has no generated case number).
-                        let case = state.cases.saturating_sub(replays);
-                        state.first_failure = Some((case, started.elapsed()));
-                    }
-                    let names: Vec<&str> = result
-                        .violations
-                        .iter()
-                        .map(|v| v.invariant.name())
-                        .collect();
-                    Err(TestCaseError::fail(format!(
-                        "violated: {}",
-                        names.join(", ")
-                    )))
-                }
-            }
-            Err(err) => {
-                // A harness error is not a finding: neither shrunk nor persisted as a regression
-                // (a rejection is neither); the exploration stops and reports it as such.
-                state.harness_error.get_or_insert_with(|| err.to_string());
-                Err(TestCaseError::reject(format!("harness error: {err}")))
-            }
-        }
-    });
-    let state = state.into_inner().expect("poisoned");
-    if let Some(err) = state.harness_error {
+    let schedules = generate(config, space)?;
+    let screened = runtime.block_on(screen(controller, &schedules, config, started));
+    if let Some(err) = screened.harness_error {
         return Err(Error::other(format!(
             "exploration stopped by a harness error (seed {}): {err}",
             config.seed
         )));
     }
-    let counterexample = match outcome {
-        Ok(()) => None,
+    let mut report = ExploreReport {
+        cases_run: screened.cases,
+        counterexample: None,
+        coverage: screened.coverage,
+        elapsed: Duration::ZERO,
+        budget_exhausted: screened.budget_exhausted,
+    };
+    if let Some(failure) = screened.failure {
+        let found_after = (failure_case(failure.0, replays), failure.1);
+        let (schedule, result, shrink_runs) = shrink(runtime, controller, space, config, failure)?;
+        report.cases_run += shrink_runs;
+        report.counterexample = Some(Counterexample {
+            schedule,
+            result,
+            found_after,
+        });
+    }
+    report.elapsed = started.elapsed();
+    Ok(report)
+}
+
+/// A failing case as the screening met it: its index in generation order (replays first), the
+/// time to it, and its violations' names (for proptest's failure message).
+type Failure = (usize, Duration, String);
+
+/// Case number as reports and `racecert run --case` count them; 0 for a replayed regression,
+/// which has no generated case number.
+fn failure_case(index: usize, replays: u32) -> u32 {
+    (index as u32 + 1).saturating_sub(replays)
+}
+
+/// Every schedule the exploration's proptest runner generates, in its order: the regression
+/// file's replays first, then `config.cases` new ones. Generation is cheap and deterministic.
+fn generate(config: &ExploreConfig, space: &ScheduleSpace) -> Result<Vec<Schedule>> {
+    let mut runner = runner(config)?;
+    let schedules = Mutex::new(Vec::new());
+    // Every case passes here, so proptest only generates.
+    let _ = runner.run(&space.strategy(), |schedule| {
+        schedules.lock().expect("poisoned").push(schedule);
+        Ok(())
+    });
+    Ok(schedules.into_inner().expect("poisoned"))
+}
+
+#[derive(Default)]
+struct Screened {
+    cases: u32,
+    budget_exhausted: bool,
+    coverage: Coverage,
+    failure: Option<Failure>,
+    harness_error: Option<String>,
+}
+
+/// What became of one screened case.
+enum Screen {
+    Ran(Result<CaseResult>),
+    /// Not run: an earlier case failed or errored, or the time budget ran out.
+    Skipped,
+}
+
+/// Runs the schedules, up to `config.concurrency` at once, started in generation order, until
+/// the first failure or harness error in that order. Cases finish out of order (one waiting out a
+/// timeout holds no one else up); once case `i` fails, no case after `i` starts, and the cases
+/// before it, all started already, finish: a failure among them comes first, as it would one at
+/// a time.
+async fn screen(
+    controller: &Controller<'_>,
+    schedules: &[Schedule],
+    config: &ExploreConfig,
+    started: Instant,
+) -> Screened {
+    // Index of the earliest failing or erroring case so far; nothing after it starts.
+    let stop_at = AtomicUsize::new(usize::MAX);
+    let budget_out = AtomicBool::new(false);
+    let mut outcomes = futures::stream::iter(schedules.iter().enumerate())
+        .map(|(index, schedule)| {
+            let (stop_at, budget_out) = (&stop_at, &budget_out);
+            async move {
+                if index > stop_at.load(Ordering::SeqCst) {
+                    return (index, Screen::Skipped);
+                }
+                if config
+                    .time_budget
+                    .is_some_and(|budget| started.elapsed() > budget)
+                {
+                    // Out of budget: the remaining cases are not run (the report says so).
+                    budget_out.store(true, Ordering::SeqCst);
+                    return (index, Screen::Skipped);
+                }
+                (index, Screen::Ran(controller.run(schedule).await))
+            }
+        })
+        .buffer_unordered(config.concurrency.max(1));
+    let mut screened = Screened::default();
+    let mut finished: BTreeMap<usize, (Result<CaseResult>, Duration)> = BTreeMap::new();
+    while let Some((index, outcome)) = outcomes.next().await {
+        let Screen::Ran(result) = outcome else {
+            continue;
+        };
+        screened.cases += 1;
+        if let Some(progress) = &config.progress {
+            (progress.0)(screened.cases);
+        }
+        let stops = match &result {
+            Ok(result) => !result.violations.is_empty(),
+            Err(_) => true,
+        };
+        if stops {
+            stop_at.fetch_min(index, Ordering::SeqCst);
+        }
+        finished.insert(index, (result, started.elapsed()));
+    }
+    screened.budget_exhausted = budget_out.load(Ordering::SeqCst);
+    // In generation order: what a one-at-a-time run would have met, up to its first stop. Cases
+    // after that ran alongside it and are not findings of this exploration.
+    for (index, (result, at)) in finished {
+        match result {
+            Ok(result) => {
+                screened.coverage.merge(&result.coverage);
+                if !result.violations.is_empty() {
+                    let names: Vec<&str> = result
+                        .violations
+                        .iter()
+                        .map(|v| v.invariant.name())
+                        .collect();
+                    screened.failure = Some((index, at, names.join(", ")));
+                    break;
+                }
+            }
+            Err(err) => {
+                // A harness error is not a finding: neither shrunk nor persisted as a regression;
+                // the exploration stops and reports it as such.
+                screened.harness_error = Some(err.to_string());
+                break;
+            }
+        }
+    }
+    screened
+}
+
+/// Hands the failure to proptest, which persists it to the regression file and shrinks it (each
+/// shrinking step a real case, one at a time), then replays the minimal schedule: its report comes
+/// from a fresh run, which also shows the failure reproduces. Returns the minimal schedule, its
+/// run, and how many cases shrinking ran.
+fn shrink(
+    runtime: &tokio::runtime::Handle,
+    controller: &Controller<'_>,
+    space: &ScheduleSpace,
+    config: &ExploreConfig,
+    (failing, _, violated): Failure,
+) -> Result<(Schedule, CaseResult, u32)> {
+    let mut runner = runner(config)?;
+    // (cases proptest has handed us, real runs, first harness error)
+    let state = Mutex::new((0usize, 0u32, None::<String>));
+    let outcome = runner.run(&space.strategy(), |schedule| {
+        let mut state = state.lock().expect("poisoned");
+        let index = state.0;
+        state.0 += 1;
+        if index < failing {
+            // Screened: it passed.
+            return Ok(());
+        }
+        if index == failing {
+            return Err(TestCaseError::fail(format!("violated: {violated}")));
+        }
+        if state.2.is_some() {
+            return Err(TestCaseError::reject("stopped by a harness error"));
+        }
+        state.1 += 1;
+        match runtime.block_on(controller.run(&schedule)) {
+            Ok(result) if result.violations.is_empty() => Ok(()),
+            Ok(result) => {
+                let names: Vec<&str> = result
+                    .violations
+                    .iter()
+                    .map(|v| v.invariant.name())
+                    .collect();
+                Err(TestCaseError::fail(format!(
+                    "violated: {}",
+                    names.join(", ")
+                )))
+            }
+            Err(err) => {
+                state.2.get_or_insert_with(|| err.to_string());
+                Err(TestCaseError::reject(format!("harness error: {err}")))
+            }
+        }
+    });
+    let (_, shrink_runs, harness_error) = state.into_inner().expect("poisoned");
+    if let Some(err) = harness_error {
+        return Err(Error::other(format!(
+            "shrinking stopped by a harness error (seed {}): {err}",
+            config.seed
+        )));
+    }
+    match outcome {
         Err(TestError::Fail(_, schedule)) => {
-            // Replay the minimal schedule: its report comes from a fresh run, which also shows
-            // the failure reproduces.
             let result = runtime.block_on(controller.run(&schedule))?;
-            Some(Counterexample {
-                schedule,
-                result,
-                found_after: state
-                    .first_failure
-                    .unwrap_or((state.cases, started.elapsed())),
-            })
+            Ok((schedule, result, shrink_runs + 1))
         }
         Err(TestError::Abort(reason)) => {
-            return Err(Error::other(format!("exploration aborted: {reason}")));
+            Err(Error::other(format!("exploration aborted: {reason}")))
         }
-    };
-    Ok(ExploreReport {
-        cases_run: state.cases,
-        counterexample,
-        coverage: state.coverage,
-        elapsed: started.elapsed(),
-        budget_exhausted: state.budget_exhausted,
-    })
+        Ok(()) => Err(Error::other(format!(
+            "case {} failed ({violated}) but proptest did not see it fail when handed back \
+             (seed {}): the generated schedules differ between runs",
+            failing + 1,
+            config.seed
+        ))),
+    }
 }
 
 /// Regenerates case `case` (1-based, as `found_after` and reports count) of an exploration with
@@ -292,13 +439,4 @@ fn runner(config: &ExploreConfig) -> Result<TestRunner> {
             Some(Box::new(FileFailurePersistence::Direct(leaked)));
     }
     Ok(TestRunner::new_with_rng(proptest_config, rng(config.seed)))
-}
-
-#[derive(Default)]
-struct State {
-    cases: u32,
-    budget_exhausted: bool,
-    coverage: Coverage,
-    first_failure: Option<(u32, Duration)>,
-    harness_error: Option<String>,
 }

@@ -12,7 +12,7 @@ use crate::{Error, Result};
 use std::path::PathBuf;
 
 /// What to certify and how.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct CertifyOptions {
     /// Defects to switch on in the reference worker.
     pub defects: Defects,
@@ -24,6 +24,21 @@ pub struct CertifyOptions {
     pub shard: Option<(u32, u32)>,
     /// Directory of proptest regression files (one per suite, reference runs only).
     pub regressions: Option<PathBuf>,
+    /// Cases run at once in each suite.
+    pub concurrency: usize,
+}
+
+impl Default for CertifyOptions {
+    fn default() -> Self {
+        CertifyOptions {
+            defects: Defects::default(),
+            cases: None,
+            seed: None,
+            shard: None,
+            regressions: None,
+            concurrency: crate::schedule::explore::DEFAULT_CONCURRENCY,
+        }
+    }
 }
 
 /// Parses `i/n` (1 <= i <= n).
@@ -99,6 +114,7 @@ pub fn certify(
             seed,
             regressions,
             time_budget: Some(loaded.time_budget),
+            concurrency: options.concurrency,
             progress: Some(Progress(std::sync::Arc::new(move |done| {
                 callback(&name, done)
             }))),

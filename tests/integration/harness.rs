@@ -20,6 +20,7 @@ crate::tests!(
     the_seed_race_is_caught_and_shrinks_to_at_most_six_steps,
     the_reference_worker_passes_every_suite,
     every_defect_is_caught_within_256_cases,
+    running_cases_concurrently_finds_and_shrinks_the_same_failure,
 );
 
 /// The seed's race as a hand-written schedule.
@@ -152,6 +153,23 @@ async fn run_suite(
     cases: u32,
     seed: u64,
 ) -> anyhow::Result<racecert::schedule::explore::ExploreReport> {
+    run_suite_with(
+        bed,
+        suite,
+        cases,
+        seed,
+        ExploreConfig::default().concurrency,
+    )
+    .await
+}
+
+async fn run_suite_with(
+    bed: &TestBed,
+    suite: &Suite,
+    cases: u32,
+    seed: u64,
+    concurrency: usize,
+) -> anyhow::Result<racecert::schedule::explore::ExploreReport> {
     let controller = Controller::new(bed, suite.settings.clone()).await?;
     // Reference runs replay (and record) the committed regression files; defect runs would only
     // record their expected failures.
@@ -164,6 +182,7 @@ async fn run_suite(
         cases,
         seed,
         regressions,
+        concurrency,
         ..ExploreConfig::default()
     };
     let handle = tokio::runtime::Handle::current();
@@ -289,6 +308,44 @@ async fn a_chaos_run_of_the_reference_fleet_holds_every_invariant(
             .collect::<Vec<_>>()
             .join(""),
         result.history.timeline()
+    );
+    Ok(())
+}
+
+/// Cases run several at a time are screened in generation order: the failure found, its case
+/// number and its shrunk schedule are those of a one-at-a-time run.
+async fn running_cases_concurrently_finds_and_shrinks_the_same_failure(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let _shared = bed.shared().await;
+    let suite = builtin()
+        .into_iter()
+        .find(|s| s.name == "lease-expiry")
+        .expect("shipped suite")
+        .with_defects(Defects::of([Defect::UnfencedFinalWrite]));
+    let mut found = Vec::new();
+    for concurrency in [1, 6] {
+        let report = run_suite_with(bed, &suite, 256, 11, concurrency).await?;
+        let Some(counterexample) = report.counterexample else {
+            anyhow::bail!("concurrency {concurrency}: the unfenced final write was not caught");
+        };
+        found.push((
+            counterexample.found_after.0,
+            counterexample.schedule.to_string(),
+            counterexample.schedule.steps.len(),
+        ));
+    }
+    eprintln!(
+        "    found at case {} by both, shrunk to {} steps",
+        found[0].0, found[0].2
+    );
+    anyhow::ensure!(
+        found[0] == found[1],
+        "one at a time: case {} shrunk to\n{}\nsix at a time: case {} shrunk to\n{}",
+        found[0].0,
+        found[0].1,
+        found[1].0,
+        found[1].1
     );
     Ok(())
 }
