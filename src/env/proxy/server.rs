@@ -1,7 +1,8 @@
 //! A fault-injecting TCP proxy server that speaks Shopify Toxiproxy's HTTP API (v2, JSON) on top of
-//! the `noxious` proxy engine, so racecert can put latency, timeouts, bandwidth limits and outages
-//! between the services under test and their clients, driven by the usual Toxiproxy clients
-//! (`toxiproxy_rust`, toxiproxy-cli, the Go client) without shipping the Go binary.
+//! the `noxious` proxy engine, so racecert can put latency, timeouts, bandwidth limits, connection
+//! resets and outages between the services under test and their clients, driven by the usual
+//! Toxiproxy clients (`toxiproxy_rust`, toxiproxy-cli, the Go client) without shipping the Go
+//! binary. The engine is racecert's patched copy (`vendor/noxious`), which adds `reset_peer`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -1537,6 +1538,42 @@ mod tests {
         let mut buf = [0u8; 8];
         let end = tokio::time::timeout(GUARD, healed.read(&mut buf)).await;
         assert!(matches!(end, Ok(Ok(0))), "expected a FIN, got {end:?}");
+    }
+
+    #[tokio::test]
+    async fn bytes_held_by_a_latency_toxic_reach_the_client_when_the_server_closes() {
+        // A server that answers and closes at once, as an HTTP server with `Connection: close`.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind upstream");
+        let upstream = listener.local_addr().expect("upstream address");
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let _ = socket.write_all(b"the whole reply").await;
+                drop(socket);
+            }
+        });
+        let server = start_server().await;
+        let api = server.addr();
+        let listen = populate_one(api, "late", upstream).await;
+        let (status, _) = http(
+            api,
+            "POST",
+            "/proxies/late/toxics",
+            r#"{"type":"latency","attributes":{"latency":200}}"#,
+        )
+        .await;
+        assert_eq!(status, 200);
+
+        let started = Instant::now();
+        let mut conn = TcpStream::connect(listen).await.expect("connect");
+        let mut reply = Vec::new();
+        tokio::time::timeout(GUARD, conn.read_to_end(&mut reply))
+            .await
+            .expect("closed in time")
+            .expect("read to the end");
+        assert_eq!(reply, b"the whole reply");
+        assert!(started.elapsed() >= Duration::from_millis(200));
     }
 
     #[tokio::test]

@@ -13,6 +13,7 @@ use futures::StreamExt;
 use futures::{Sink, Stream};
 use rand::{distributions::Standard, rngs::StdRng, Rng, SeedableRng};
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::{io, sync::Arc};
 use tokio::pin;
 use tokio::sync::{oneshot, Mutex as AsyncMutex};
@@ -188,13 +189,20 @@ impl Link {
         let wait_for_manual_close_clone = wait_for_manual_close.clone();
 
         let close_read_join = tokio::spawn(async move {
-            pin!(left_end_tx);
-            let res = forward_read(reader, left_end_tx, &mut stop_read).await;
+            let mut left_end_tx = left_end_tx;
+            let res = forward_read(reader, Pin::new(&mut left_end_tx), &mut stop_read).await;
             // Speed up closing the underlying connection by closing the other end,
             // unless we should wait for a toxic to yield explicitly.
             if let Some(close) = wait_for_manual_close {
                 toxic_override_stopper.stop();
                 let _ = close.recv().await;
+            } else if matches!(res, Ok(_)) && !stop_read.stop_received() {
+                // racecert patch: the source ended (EOF). Close the chain's input and let the
+                // writer forward what the toxics still hold (a latency toxic's delayed bytes);
+                // it ends when the chain does. Stopping it here would drop those bytes, as
+                // Toxiproxy does not.
+                drop(left_end_tx);
+                return res;
             }
             write_stopper.stop();
             res
