@@ -170,23 +170,16 @@ fn step_kind(description: &str) -> &'static str {
 /// what lies outside the recorded span (setup of pipeline and workers, submissions, reading the
 /// audit trail and journals, checking).
 fn split_case(took: Duration, events: &[Event], into: &mut BTreeMap<&'static str, f64>) {
-    let end = events.last().map_or(0, |e| e.at_ms);
-    let steps: Vec<(u64, &'static str)> = events
-        .iter()
-        .filter_map(|e| match &e.kind {
-            EventKind::Step(description) => Some((e.at_ms, step_kind(description))),
-            _ => None,
-        })
-        .collect();
-    for (i, (at, kind)) in steps.iter().enumerate() {
-        let until = steps.get(i + 1).map_or(end, |(next, _)| *next);
-        *into.entry(kind).or_insert(0.0) += until.saturating_sub(*at) as f64;
+    for (description, span) in step_spans(events) {
+        *into.entry(step_kind(description)).or_insert(0.0) += span as f64;
     }
+    let end = events.last().map_or(0, |e| e.at_ms);
     *into.entry("setup+check (outside steps)").or_insert(0.0) += (ms(took) - end as f64).max(0.0);
 }
 
-/// "1 run worker 0 to ...: 3; 2 ...: 250; ..." (steps of one case, as the history stamps them).
-fn step_times(events: &[Event]) -> String {
+/// Each step of a case with the milliseconds until the next step (the last: until the last event),
+/// from the history's step stamps.
+fn step_spans(events: &[Event]) -> Vec<(&str, u64)> {
     let end = events.last().map_or(0, |e| e.at_ms);
     let steps: Vec<(u64, &str)> = events
         .iter()
@@ -200,8 +193,16 @@ fn step_times(events: &[Event]) -> String {
         .enumerate()
         .map(|(i, (at, description))| {
             let until = steps.get(i + 1).map_or(end, |(next, _)| *next);
-            format!("[{description}] {}", until.saturating_sub(*at))
+            (*description, until.saturating_sub(*at))
         })
+        .collect()
+}
+
+/// "1 run worker 0 to ...: 3; 2 ...: 250; ..." (steps of one case, as the history stamps them).
+fn step_times(events: &[Event]) -> String {
+    step_spans(events)
+        .iter()
+        .map(|(description, span)| format!("[{description}] {span}"))
         .collect::<Vec<_>>()
         .join("; ")
 }

@@ -196,6 +196,12 @@ pub fn explore(
 /// time to it, and its violations' names (for proptest's failure message).
 type Failure = (usize, Duration, String);
 
+/// The broken invariants' names, as proptest's failure message carries them.
+fn violated(violations: &[Violation]) -> String {
+    let names: Vec<&str> = violations.iter().map(|v| v.invariant.name()).collect();
+    names.join(", ")
+}
+
 /// Case number as reports and `racecert run --case` count them; 0 for a replayed regression,
 /// which has no generated case number.
 fn failure_case(index: usize, replays: u32) -> u32 {
@@ -291,12 +297,7 @@ async fn screen(
             Ok(result) => {
                 screened.coverage.merge(&result.coverage);
                 if !result.violations.is_empty() {
-                    let names: Vec<&str> = result
-                        .violations
-                        .iter()
-                        .map(|v| v.invariant.name())
-                        .collect();
-                    screened.failure = Some((index, at, names.join(", ")));
+                    screened.failure = Some((index, at, violated(&result.violations)));
                     break;
                 }
             }
@@ -320,7 +321,7 @@ fn shrink(
     controller: &Controller<'_>,
     space: &ScheduleSpace,
     config: &ExploreConfig,
-    (failing, _, violated): Failure,
+    (failing, _, failing_invariants): Failure,
 ) -> Result<(Schedule, CaseResult, u32)> {
     let mut runner = runner(config)?;
     // (cases proptest has handed us, real runs, first harness error)
@@ -334,7 +335,9 @@ fn shrink(
             return Ok(());
         }
         if index == failing {
-            return Err(TestCaseError::fail(format!("violated: {violated}")));
+            return Err(TestCaseError::fail(format!(
+                "violated: {failing_invariants}"
+            )));
         }
         if state.2.is_some() {
             return Err(TestCaseError::reject("stopped by a harness error"));
@@ -342,17 +345,10 @@ fn shrink(
         state.1 += 1;
         match runtime.block_on(controller.run(&schedule)) {
             Ok(result) if result.violations.is_empty() => Ok(()),
-            Ok(result) => {
-                let names: Vec<&str> = result
-                    .violations
-                    .iter()
-                    .map(|v| v.invariant.name())
-                    .collect();
-                Err(TestCaseError::fail(format!(
-                    "violated: {}",
-                    names.join(", ")
-                )))
-            }
+            Ok(result) => Err(TestCaseError::fail(format!(
+                "violated: {}",
+                violated(&result.violations)
+            ))),
             Err(err) => {
                 state.2.get_or_insert_with(|| err.to_string());
                 Err(TestCaseError::reject(format!("harness error: {err}")))
@@ -375,7 +371,7 @@ fn shrink(
             Err(Error::other(format!("exploration aborted: {reason}")))
         }
         Ok(()) => Err(Error::other(format!(
-            "case {} failed ({violated}) but proptest did not see it fail when handed back \
+            "case {} failed ({failing_invariants}) but proptest did not see it fail when handed back \
              (seed {}): the generated schedules differ between runs",
             failing + 1,
             config.seed

@@ -44,6 +44,15 @@ fn seed_race() -> Schedule {
     }
 }
 
+/// The seed's race as a suite: lease-expiry with the unfenced final write switched on.
+fn unfenced_lease_expiry() -> Suite {
+    builtin()
+        .into_iter()
+        .find(|s| s.name == "lease-expiry")
+        .expect("shipped suite")
+        .with_defects(Defects::of([Defect::UnfencedFinalWrite]))
+}
+
 /// A history with what differs between runs removed: wall times, the case namespace, audit ids.
 fn normalized(history: &History) -> Vec<String> {
     let strip = |s: &str| {
@@ -113,11 +122,7 @@ async fn the_seed_race_is_caught_and_shrinks_to_at_most_six_steps(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
     let _shared = bed.shared().await;
-    let suite = builtin()
-        .into_iter()
-        .find(|s| s.name == "lease-expiry")
-        .expect("shipped suite")
-        .with_defects(Defects::of([Defect::UnfencedFinalWrite]));
+    let suite = unfenced_lease_expiry();
     let report = run_suite(bed, &suite, 256, 7).await?;
     let Some(found) = &report.counterexample else {
         anyhow::bail!(
@@ -318,11 +323,7 @@ async fn running_cases_concurrently_finds_and_shrinks_the_same_failure(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
     let _shared = bed.shared().await;
-    let suite = builtin()
-        .into_iter()
-        .find(|s| s.name == "lease-expiry")
-        .expect("shipped suite")
-        .with_defects(Defects::of([Defect::UnfencedFinalWrite]));
+    let suite = unfenced_lease_expiry();
     let mut found = Vec::new();
     for concurrency in [1, 6] {
         let report = run_suite_with(bed, &suite, 256, 11, concurrency).await?;
