@@ -16,13 +16,14 @@
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config as ProptestConfig, RngAlgorithm, TestRng, TestRunner};
 use racecert::check::{Invariant, Violation, check};
+use racecert::contract::log::LogSink;
+use racecert::contract::log::Status;
 use racecert::env::TestBed;
 use racecert::fault::FaultKind;
 use racecert::history::{Event, EventKind, History, SubmittedRequest, read_audit, read_jobs};
 use racecert::reference::Pipeline;
 use racecert::reference::checkpoints::Checkpoints;
 use racecert::reference::defects::{Defect, Defects};
-use racecert::reference::logsink::LogSink;
 use racecert::reference::queue::Queue;
 use racecert::reference::submit::InferenceRequest;
 use racecert::reference::worker::Worker;
@@ -730,7 +731,7 @@ async fn baseline_round(
         requests,
     };
     let violations = check(&history, &Invariant::ALL);
-    let redeliveries = history.with_status("retry_dispatched").count();
+    let redeliveries = history.with_status(Status::RetryDispatched).count();
     // A round that did not settle: say what was left, so a missed cap is told from a stuck job.
     let unsettled = if settled {
         None

@@ -12,12 +12,12 @@
 //! cargo run --example custom_worker -- --unfenced  # caught: at-most-one-final-write, ...
 //! ```
 
-use racecert::contract::log::{Level, status};
+use racecert::contract::log::LogSink;
+use racecert::contract::log::{Level, Status};
 use racecert::contract::worker::{BoxFuture, WorkerContext, WorkerFactory, WorkerUnderTest};
 use racecert::contract::{CONSUMER_GROUP, InferRequest, InferResponse, Keys};
 use racecert::env::TestBed;
 use racecert::reference::checkpoints::{Checkpoint, Checkpoints, Directive};
-use racecert::reference::logsink::LogSink;
 use racecert::reference::queue::Delivery;
 use racecert::reference::worker::{BackendEndpoint, Infra};
 use racecert::schedule::controlled::Controller;
@@ -41,7 +41,7 @@ struct TeamWorker {
 
 impl TeamWorker {
     /// Logs with the contract's fields, so racecert's checkers see what it did.
-    fn log(&self, delivery: &Delivery, word: &str) {
+    fn log(&self, delivery: &Delivery, word: Status) {
         let field = |k: &str, v: String| (k.to_owned(), v);
         self.log.emit(
             Level::Info,
@@ -55,7 +55,7 @@ impl TeamWorker {
                 field("backend_endpoint", self.backend.name.clone()),
                 field("cache_key", "-".into()),
                 field("queue_receive_count", delivery.receive_count.to_string()),
-                field("status", word.into()),
+                field("status", word.to_string()),
             ],
         );
     }
@@ -85,10 +85,10 @@ impl TeamWorker {
             .query_async(&mut redis)
             .await?;
         if acquired.is_none() {
-            self.log(&delivery, status::DUPLICATE_SKIPPED);
+            self.log(&delivery, Status::DuplicateSkipped);
             return Ok(());
         }
-        self.log(&delivery, status::LEASE_ACQUIRED);
+        self.log(&delivery, Status::LeaseAcquired);
         if !self.at(Checkpoint::AfterLease).await {
             return Ok(());
         }
@@ -112,7 +112,7 @@ impl TeamWorker {
         if !self.at(Checkpoint::BeforeBackendCall).await {
             return Ok(());
         }
-        self.log(&delivery, status::INFERENCE_STARTED);
+        self.log(&delivery, Status::InferenceStarted);
         let answer: InferResponse = self
             .infra
             .http
@@ -154,9 +154,9 @@ impl TeamWorker {
         self.log(
             &delivery,
             if written == 1 {
-                status::INFERENCE_SUCCEEDED
+                Status::InferenceSucceeded
             } else {
-                status::LATE_WRITE_REJECTED
+                Status::LateWriteRejected
             },
         );
         if !self.at(Checkpoint::BeforeAck).await {
@@ -170,7 +170,7 @@ impl TeamWorker {
         .arg(&token)
         .invoke_async(&mut redis)
         .await?;
-        self.log(&delivery, status::LEASE_RELEASED);
+        self.log(&delivery, Status::LeaseReleased);
         Ok(())
     }
 }

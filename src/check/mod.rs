@@ -2,7 +2,8 @@
 //! that prove it. They read a [`History`] only, so they judge any worker honouring the contract,
 //! and they lean on the audit trail and the backend journals wherever a worker's own log could lie.
 
-use crate::contract::output_version;
+use crate::contract::log::Status;
+use crate::contract::{JobStatus, output_version};
 use crate::history::{AuditRow, EventKind, History};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -230,7 +231,7 @@ fn result_names_its_version(history: &History) -> Vec<Violation> {
 
 fn no_stale_cache_read(history: &History) -> Vec<Violation> {
     history
-        .with_status("cache_hit")
+        .with_status(Status::CacheHit)
         .filter(|e| e.field("served_model_version") != e.field("model_version"))
         .map(|e| Violation {
             invariant: Invariant::NoStaleCacheRead,
@@ -255,8 +256,7 @@ fn no_lost_job(history: &History) -> Vec<Violation> {
                 .jobs
                 .iter()
                 .find(|j| j.idempotency_key == request.idempotency_key);
-            let terminal = job
-                .is_some_and(|j| matches!(j.status.as_str(), "SUCCEEDED" | "FAILED" | "CANCELLED"));
+            let terminal = job.is_some_and(|j| j.status().is_ok_and(JobStatus::is_terminal));
             (!terminal).then(|| Violation {
                 invariant: Invariant::NoLostJob,
                 observed: format!(
@@ -303,18 +303,23 @@ fn compute_waste_bounded(history: &History) -> Vec<Violation> {
                     continue;
                 };
                 let attempt = (worker.to_owned(), key.to_owned());
-                match event.status() {
-                    Some("job_received") | Some("retry_dispatched") => {
+                let EventKind::Worker(line) = &event.kind else {
+                    continue;
+                };
+                match line.status_word() {
+                    Some(Status::JobReceived | Status::RetryDispatched) => {
                         leased.remove(&attempt);
                     }
-                    Some("lease_acquired") => {
+                    Some(Status::LeaseAcquired) => {
                         holders.insert(key.to_owned(), worker.to_owned());
                         leased.insert(attempt);
                     }
-                    Some("lease_released") if holders.get(key).is_some_and(|h| h == worker) => {
+                    Some(Status::LeaseReleased)
+                        if holders.get(key).is_some_and(|h| h == worker) =>
+                    {
                         holders.remove(key);
                     }
-                    Some("inference_started") if !leased.contains(&attempt) => {
+                    Some(Status::InferenceStarted) if !leased.contains(&attempt) => {
                         if let Some(holder) = holders.get(key).filter(|h| *h != worker) {
                             violations.push(Violation {
                                 invariant: Invariant::ComputeWasteBounded,

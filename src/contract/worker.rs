@@ -40,9 +40,9 @@
 //! `examples/custom_worker.rs` runs a complete one through a shipped suite.
 
 use crate::contract::Keys;
+use crate::contract::log::LogSink;
 use crate::reference::checkpoints::Checkpoints;
 use crate::reference::defects::Defects;
-use crate::reference::logsink::LogSink;
 use crate::reference::queue::Delivery;
 use crate::reference::worker::{BackendEndpoint, Infra};
 use crate::schedule::WorkerSpec;

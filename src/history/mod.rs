@@ -4,7 +4,8 @@
 //! journals. The checkers read only this.
 
 use crate::Result;
-use crate::contract::log::LogLine;
+use crate::contract::JobStatus;
+use crate::contract::log::{LogLine, Status};
 use crate::env::backends::JournalEntry;
 use crate::reference::JobRow;
 use sqlx::PgPool;
@@ -48,10 +49,9 @@ pub struct AuditRow {
 impl AuditRow {
     /// Whether this write moved the job into (or rewrote) a terminal status: a final write.
     pub fn is_final_write(&self) -> bool {
-        matches!(
-            self.new_status.as_str(),
-            "SUCCEEDED" | "FAILED" | "CANCELLED"
-        )
+        self.new_status
+            .parse::<JobStatus>()
+            .is_ok_and(JobStatus::is_terminal)
     }
 
     /// A one-line description for reports.
@@ -160,7 +160,7 @@ impl Recorder {
     }
 
     /// Moves the log lines emitted since the last call into the history, under the current step.
-    pub fn collect_log(&self, log: &crate::reference::logsink::LogSink) {
+    pub fn collect_log(&self, log: &crate::contract::log::LogSink) {
         let lines = log.lines();
         let mut state = self.inner.lock().expect("poisoned");
         let fresh: Vec<LogLine> = lines[state.log_cursor.min(lines.len())..].to_vec();
@@ -333,10 +333,10 @@ impl History {
     }
 
     /// Worker events with a given status word.
-    pub fn with_status<'a>(&'a self, status: &'a str) -> impl Iterator<Item = &'a Event> + 'a {
+    pub fn with_status(&self, status: Status) -> impl Iterator<Item = &Event> + '_ {
         self.events
             .iter()
-            .filter(move |e| matches!(e.kind, EventKind::Worker(_)) && e.status() == Some(status))
+            .filter(move |e| matches!(&e.kind, EventKind::Worker(line) if line.is(status)))
     }
 
     /// The request id of a key, from the jobs table.

@@ -7,9 +7,9 @@
 
 use crate::Result;
 use crate::contract::Keys;
-use crate::contract::log::{Level, status};
+use crate::contract::log::LogSink;
+use crate::contract::log::{Level, Status};
 use crate::reference::defects::{Defect, Defects};
-use crate::reference::logsink::LogSink;
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 
@@ -41,7 +41,7 @@ pub async fn cutover(
     log.emit(
         Level::Info,
         vec![
-            ("status".into(), status::CUTOVER.into()),
+            ("status".into(), Status::Cutover.as_str().into()),
             (
                 "previous_model_version".into(),
                 from.clone().unwrap_or_else(|| "-".into()),
@@ -85,7 +85,7 @@ impl Cutover {
         log.emit(
             Level::Info,
             vec![
-                ("status".into(), status::CACHE_INVALIDATED.into()),
+                ("status".into(), Status::CacheInvalidated.as_str().into()),
                 ("deleted".into(), deleted.to_string()),
             ],
         );

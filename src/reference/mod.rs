@@ -6,25 +6,23 @@
 //! - [`worker`]: lease, fencing generation, version-aware cache, backend call, fenced final write.
 //! - [`cutover`]: active-version pointer switch (and the defect's late invalidation).
 //! - [`checkpoints`]: named points where a harness holds, releases or crashes a worker.
-//! - [`logsink`]: the log lines, in the seed's fields and status words.
 //!
 //! [`Pipeline`] wires them to a [`TestBed`] under one key namespace.
 
 pub mod checkpoints;
 pub mod cutover;
 pub mod defects;
-pub mod logsink;
 pub mod process;
 pub mod queue;
 pub mod submit;
 pub mod worker;
 
 use crate::Result;
+use crate::contract::log::LogSink;
 use crate::contract::{JobStatus, Keys};
 use crate::env::TestBed;
 use checkpoints::Checkpoints;
 use defects::Defects;
-use logsink::LogSink;
 use queue::Queue;
 use std::collections::BTreeMap;
 use submit::Api;

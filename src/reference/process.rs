@@ -4,9 +4,9 @@
 //! SIGTERM drains: it stops taking jobs, finishes the one in hand and exits 0.
 
 use crate::contract::Keys;
+use crate::contract::log::{Echo, LogSink};
 use crate::reference::checkpoints::Checkpoints;
 use crate::reference::defects::{Defect, Defects};
-use crate::reference::logsink::{Echo, LogSink};
 use crate::reference::queue::Queue;
 use crate::reference::worker::{BackendEndpoint, Infra, Worker, WorkerConfig};
 use crate::{Error, Result};

@@ -12,11 +12,11 @@
 //! taken at start. Each [`Defect`] switches one of these protections off, faithfully re-creating
 //! a root cause of the seed.
 
-use crate::contract::log::{Level, status};
+use crate::contract::log::LogSink;
+use crate::contract::log::{Level, Status};
 use crate::contract::{InferRequest, InferResponse, Keys, sha256_hex};
 use crate::reference::checkpoints::{Checkpoint, Checkpoints, Directive};
 use crate::reference::defects::{Defect, Defects};
-use crate::reference::logsink::LogSink;
 use crate::reference::queue::{Delivery, Queue};
 use crate::{Error, Result};
 use rand::{RngExt, SeedableRng};
@@ -421,7 +421,7 @@ impl Worker {
         Ok(outcomes)
     }
 
-    fn log(&self, level: Level, attempt: &Attempt, status_word: &str, extra: &[(&str, String)]) {
+    fn log(&self, level: Level, attempt: &Attempt, status_word: Status, extra: &[(&str, String)]) {
         let mut fields = vec![
             ("request_id".to_owned(), attempt.request_id.clone()),
             ("job_id".to_owned(), attempt.job_id.clone()),
@@ -438,7 +438,7 @@ impl Worker {
                 "queue_receive_count".to_owned(),
                 attempt.receive_count.to_string(),
             ),
-            ("status".to_owned(), status_word.to_owned()),
+            ("status".to_owned(), status_word.as_str().to_owned()),
         ];
         fields.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
         self.log.emit(level, fields);
@@ -526,9 +526,9 @@ impl Worker {
         };
         self.checkpoint(Checkpoint::Received).await?;
         let received = if delivery.receive_count > 1 {
-            status::RETRY_DISPATCHED
+            Status::RetryDispatched
         } else {
-            status::JOB_RECEIVED
+            Status::JobReceived
         };
         self.log(Level::Info, &attempt, received, &[]);
 
@@ -558,7 +558,7 @@ impl Worker {
             self.log(
                 Level::Info,
                 &attempt,
-                status::VERSION_DECLINED,
+                Status::VersionDeclined,
                 &[("active_model_version", active)],
             );
             return Ok(Outcome::Declined);
@@ -587,11 +587,11 @@ impl Worker {
             self.log(
                 Level::Info,
                 &attempt,
-                status::LEASE_ACQUIRED,
+                Status::LeaseAcquired,
                 &[("lease_token", token.clone())],
             );
         } else if !self.config.defects.has(Defect::RetryWithoutDedupe) {
-            self.log(Level::Info, &attempt, status::DUPLICATE_SKIPPED, &[]);
+            self.log(Level::Info, &attempt, Status::DuplicateSkipped, &[]);
             return Ok(Outcome::DuplicateSkipped);
         }
         self.checkpoint(Checkpoint::AfterLease).await?;
@@ -612,7 +612,7 @@ impl Worker {
         .fetch_optional(&self.infra.pg)
         .await?;
         let Some(generation) = generation else {
-            self.log(Level::Info, &attempt, status::ALREADY_COMPLETED, &[]);
+            self.log(Level::Info, &attempt, Status::AlreadyCompleted, &[]);
             self.ack(&mut queue, delivery, &attempt).await?;
             self.release(&mut redis, &lease_key, &token, &attempt)
                 .await?;
@@ -621,7 +621,7 @@ impl Worker {
         self.log(
             Level::Info,
             &attempt,
-            status::JOB_TAKEN,
+            Status::JobTaken,
             &[("generation", generation.to_string())],
         );
         let mut acked = false;
@@ -643,27 +643,27 @@ impl Worker {
                 self.log(
                     Level::Info,
                     &attempt,
-                    status::CACHE_HIT,
+                    Status::CacheHit,
                     &[("served_model_version", served)],
                 );
                 self.checkpoint(Checkpoint::AfterCacheRead).await?;
                 (output, true)
             }
             None => {
-                self.log(Level::Info, &attempt, status::CACHE_MISS, &[]);
+                self.log(Level::Info, &attempt, Status::CacheMiss, &[]);
                 self.checkpoint(Checkpoint::AfterCacheRead).await?;
                 self.checkpoint(Checkpoint::BeforeBackendCall).await?;
                 let call_version = self.step_version().await?;
                 let endpoint = self.endpoint(&call_version)?.clone();
                 attempt.backend_endpoint = endpoint.name.clone();
-                self.log(Level::Info, &attempt, status::INFERENCE_STARTED, &[]);
+                self.log(Level::Info, &attempt, Status::InferenceStarted, &[]);
                 let output = match self.call_backend(&endpoint, job, &attempt).await {
                     Ok(output) => output,
                     Err(err) => {
                         self.log(
                             Level::Warn,
                             &attempt,
-                            status::UPSTREAM_FAILED,
+                            Status::UpstreamFailed,
                             &[("error", err.to_string())],
                         );
                         self.release(&mut redis, &lease_key, &token, &attempt)
@@ -680,7 +680,7 @@ impl Worker {
                         self.config.cache_ttl.as_secs().max(1),
                     )
                     .await?;
-                self.log(Level::Info, &attempt, status::CACHE_WRITTEN, &[]);
+                self.log(Level::Info, &attempt, Status::CacheWritten, &[]);
                 (output, false)
             }
         };
@@ -722,7 +722,7 @@ impl Worker {
         if !acked && finished {
             self.ack(&mut queue, delivery, &attempt).await?;
         } else if !acked {
-            self.log(Level::Info, &attempt, status::LEFT_FOR_REDELIVERY, &[]);
+            self.log(Level::Info, &attempt, Status::LeftForRedelivery, &[]);
         }
         self.checkpoint(Checkpoint::BeforeRelease).await?;
         self.release(&mut redis, &lease_key, &token, &attempt)
@@ -762,7 +762,7 @@ impl Worker {
             response = &mut request => response,
             _ = tokio::time::sleep(self.config.upstream_warn_after) => {
                 // The seed's worker warns and keeps waiting: the attempt is slow, not dead.
-                self.log(Level::Warn, attempt, status::TIMEOUT_WAITING_UPSTREAM, &[]);
+                self.log(Level::Warn, attempt, Status::TimeoutWaitingUpstream, &[]);
                 request.await
             }
         };
@@ -803,7 +803,7 @@ impl Worker {
             self.log(
                 Level::Info,
                 attempt,
-                status::INFERENCE_SUCCEEDED,
+                Status::InferenceSucceeded,
                 &[
                     ("write", "result_store".to_owned()),
                     ("generation", (generation + 1).to_string()),
@@ -815,8 +815,8 @@ impl Worker {
                 from_cache,
             })
         } else {
-            self.log(Level::Warn, attempt, status::LATE_WRITE_REJECTED, &[]);
-            self.log(Level::Info, attempt, status::DISCARDED_LATE_RESULT, &[]);
+            self.log(Level::Warn, attempt, Status::LateWriteRejected, &[]);
+            self.log(Level::Info, attempt, Status::DiscardedLateResult, &[]);
             Ok(Outcome::LateWriteRejected)
         }
     }
@@ -862,14 +862,14 @@ impl Worker {
             self.log(
                 Level::Info,
                 attempt,
-                status::LATE_SUCCESS,
+                Status::LateSuccess,
                 &[("write", "result_store".to_owned())],
             );
             if previous_version.as_deref() != Some(version) {
                 self.log(
                     Level::Warn,
                     attempt,
-                    status::OVERWRITE_DETECTED,
+                    Status::OverwriteDetected,
                     &[
                         (
                             "previous_model_version",
@@ -884,7 +884,7 @@ impl Worker {
             self.log(
                 Level::Info,
                 attempt,
-                status::INFERENCE_SUCCEEDED,
+                Status::InferenceSucceeded,
                 &[
                     ("write", "result_store".to_owned()),
                     ("generation", generation.to_string()),
@@ -900,7 +900,7 @@ impl Worker {
 
     async fn ack(&self, queue: &mut Queue, delivery: &Delivery, attempt: &Attempt) -> Result<()> {
         queue.ack(&delivery.entry_id).await?;
-        self.log(Level::Info, attempt, status::ACKED, &[]);
+        self.log(Level::Info, attempt, Status::Acked, &[]);
         Ok(())
     }
 
@@ -917,9 +917,9 @@ impl Worker {
             .invoke_async(redis)
             .await?;
         let word = if deleted == 1 {
-            status::LEASE_RELEASED
+            Status::LeaseReleased
         } else {
-            status::LEASE_LOST
+            Status::LeaseLost
         };
         self.log(Level::Info, attempt, word, &[]);
         Ok(())

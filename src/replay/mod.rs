@@ -5,7 +5,7 @@
 //! reference worker (and its defects), so "random and unreproducible" becomes a sequence of
 //! events that replays on a laptop.
 
-pub mod parse;
+pub use crate::contract::log::parse;
 
 use crate::contract::log::LogLine;
 use crate::fault::Fault;

@@ -7,6 +7,8 @@
 use crate::check::{Invariant, check};
 use crate::contract::Keys;
 use crate::contract::log::Level;
+use crate::contract::log::LogSink;
+use crate::contract::log::Status;
 use crate::contract::worker::{WorkerContext, WorkerFactory, WorkerUnderTest};
 use crate::env::TestBed;
 use crate::env::backends::Behaviour;
@@ -16,7 +18,6 @@ use crate::history::{Event, EventKind, SubmittedRequest};
 use crate::reference::Pipeline;
 use crate::reference::checkpoints::Checkpoints;
 use crate::reference::defects::Defects;
-use crate::reference::logsink::LogSink;
 use crate::reference::queue::Queue;
 use crate::reference::submit::InferenceRequest;
 use crate::reference::worker::{BackendEndpoint, Infra};
@@ -502,7 +503,7 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
         })
         .collect();
     let history = crate::history::collect(bed, &admin.pg, keys.prefix(), events, requests).await?;
-    let upstream_failures = history.with_status("upstream_failed").count() as u32;
+    let upstream_failures = history.with_status(Status::UpstreamFailed).count() as u32;
     for kind in [FaultKind::UpstreamTimeout, FaultKind::BackendFailure] {
         if let Some(entry) = coverage.faults.get_mut(&kind) {
             entry.1 = upstream_failures.min(entry.0);
@@ -516,7 +517,7 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
     if let Some(entry) = coverage.faults.get_mut(&FaultKind::Partition) {
         entry.1 = errors.min(entry.0);
     }
-    let overlaps = history.with_status("retry_dispatched").count() as u32;
+    let overlaps = history.with_status(Status::RetryDispatched).count() as u32;
     coverage.applied_kind(FaultKind::RetryOverlap, overlaps > 0);
     let violations = check(&history, &settings.invariants);
     Ok(CaseResult {

@@ -6,6 +6,8 @@
 
 use crate::check::{Invariant, Violation, check};
 use crate::contract::Keys;
+use crate::contract::log::LogSink;
+use crate::contract::log::Status;
 use crate::contract::worker::{WorkerContext, WorkerFactory, WorkerUnderTest};
 use crate::env::backends::{Behaviour, ProgramGuard};
 use crate::env::{DedicatedProxy, Target, TestBed};
@@ -16,7 +18,6 @@ use crate::reference::ReferenceFactory;
 use crate::reference::checkpoints::{Arrival, Checkpoint, Gate};
 use crate::reference::cutover::Cutover;
 use crate::reference::defects::Defects;
-use crate::reference::logsink::LogSink;
 use crate::reference::queue::{JobMessage, Queue};
 use crate::reference::submit::InferenceRequest;
 use crate::reference::worker::{BackendEndpoint, Infra};
@@ -739,7 +740,7 @@ impl<'c, 'a> CaseRun<'c, 'a> {
         )
         .await?;
         let mut coverage = self.coverage.clone();
-        let upstream_failures = history.with_status("upstream_failed").count() as u32;
+        let upstream_failures = history.with_status(Status::UpstreamFailed).count() as u32;
         for (kind, marker) in [
             (FaultKind::UpstreamTimeout, "upstream_slow"),
             (FaultKind::BackendFailure, "backend_failing"),

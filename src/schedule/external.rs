@@ -8,12 +8,13 @@
 
 use crate::check::{Invariant, check};
 use crate::contract::Keys;
+use crate::contract::log::LogSink;
+use crate::contract::log::Status;
 use crate::env::TestBed;
 use crate::fault::FaultKind;
 use crate::history::{Event, EventKind, read_jobs};
 use crate::reference::Pipeline;
 use crate::reference::defects::Defects;
-use crate::reference::logsink::LogSink;
 use crate::reference::process::WorkerEnv;
 use crate::reference::worker::Infra;
 use crate::schedule::WorkerSpec;
@@ -186,7 +187,7 @@ impl Fleet<'_> {
             tokio::spawn(async move {
                 let mut lines = BufReader::new(stdout).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
-                    if let Ok(parsed) = crate::replay::parse::parse_line(&line)
+                    if let Ok(parsed) = crate::contract::log::parse::parse_line(&line)
                         && parsed.get("worker_id").is_some()
                     {
                         timeline.push(EventKind::Worker(parsed));
@@ -541,14 +542,14 @@ pub async fn run_external(bed: &TestBed, settings: &ExternalSettings) -> Result<
             }),
     );
     let history = crate::history::collect(bed, &admin.pg, keys.prefix(), events, requests).await?;
-    let late = history.with_status("late_write_rejected").count()
-        + history.with_status("late_success").count();
+    let late = history.with_status(Status::LateWriteRejected).count()
+        + history.with_status(Status::LateSuccess).count();
     let entry = coverage
         .faults
         .entry(FaultKind::LeaseExpiry)
         .or_insert((0, 0));
     entry.1 = entry.1.min(late as u32);
-    let failures = history.with_status("upstream_failed").count() as u32;
+    let failures = history.with_status(Status::UpstreamFailed).count() as u32;
     if let Some(entry) = coverage.faults.get_mut(&FaultKind::UpstreamTimeout) {
         entry.1 = failures.min(entry.0);
     }

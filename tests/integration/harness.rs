@@ -3,6 +3,7 @@
 //! steps.
 
 use racecert::check::Invariant;
+use racecert::contract::log::Status;
 use racecert::env::TestBed;
 use racecert::fault::Fault;
 use racecert::history::{EventKind, History};
@@ -111,7 +112,7 @@ async fn the_same_schedule_gives_the_same_history(bed: &TestBed) -> anyhow::Resu
         b.join("\n")
     );
     anyhow::ensure!(
-        first.history.with_status("late_write_rejected").count() == 1,
+        first.history.with_status(Status::LateWriteRejected).count() == 1,
         "the late write must reach the fence:\n{}",
         first.history.timeline()
     );

@@ -2,12 +2,12 @@
 //! with checkpoints and a backend delay, and one hand-written interleaving per defect, run with
 //! the defect on (it produces its bad outcome) and off (it stays correct).
 
+use racecert::contract::log::LogSink;
 use racecert::contract::{model_output, output_version};
 use racecert::env::TestBed;
 use racecert::env::backends::Behaviour;
 use racecert::reference::checkpoints::{Checkpoint, Gate};
 use racecert::reference::defects::{Defect, Defects};
-use racecert::reference::logsink::LogSink;
 use racecert::reference::queue::Delivery;
 use racecert::reference::submit::InferenceRequest;
 use racecert::reference::worker::{Outcome, Worker};

@@ -1,7 +1,7 @@
 //! Where the reference pipeline's log lines go: kept in memory for the checkers and tests, echoed
 //! as logfmt or JSON when asked, and mirrored as `tracing` events with the same fields.
 
-use crate::contract::log::{Level, LogLine, timestamp_now};
+use super::{Level, LogLine, timestamp_now};
 use std::sync::{Arc, Mutex};
 
 /// How lines are echoed to stdout (a worker process logs there, as the contract says).

@@ -2,7 +2,7 @@
 //! JSON lines, in any field order, with extra fields and unrelated lines mixed in. A line that is
 //! neither is counted as malformed with its number; the parser never panics, whatever the bytes.
 
-use crate::contract::log::{Level, LogLine};
+use super::{Level, LogLine};
 
 /// Lines longer than this are refused (a log line is not a data dump).
 pub const MAX_LINE: usize = 64 * 1024;
