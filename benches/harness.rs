@@ -15,19 +15,20 @@
 
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config as ProptestConfig, RngAlgorithm, TestRng, TestRunner};
+use racecert::check::coverage::Coverage;
 use racecert::check::{Invariant, Violation, check};
+use racecert::contract::checkpoint::Checkpoints;
+use racecert::contract::defect::{Defect, Defects};
 use racecert::contract::log::LogSink;
 use racecert::contract::log::Status;
 use racecert::env::TestBed;
 use racecert::fault::FaultKind;
 use racecert::history::{Event, EventKind, History, SubmittedRequest, read_audit, read_jobs};
 use racecert::reference::Pipeline;
-use racecert::reference::checkpoints::Checkpoints;
-use racecert::reference::defects::{Defect, Defects};
 use racecert::reference::queue::Queue;
 use racecert::reference::submit::InferenceRequest;
 use racecert::reference::worker::Worker;
-use racecert::schedule::controlled::{Controller, Coverage};
+use racecert::schedule::controlled::Controller;
 use racecert::schedule::explore::{DEFAULT_CONCURRENCY, ExploreConfig, ExploreReport, explore};
 use racecert::suite::{Suite, builtin};
 use rand::rngs::StdRng;
@@ -677,9 +678,11 @@ async fn baseline_round(
             .iter()
             .any(|r| r.idempotency_key == idempotency_key)
         {
+            // Every request of the baseline has the same input.
             requests.push(SubmittedRequest {
                 request_id,
                 idempotency_key,
+                input: "input-0".into(),
             });
         }
     }
@@ -729,6 +732,7 @@ async fn baseline_round(
         journal,
         jobs: read_jobs(&pipeline.infra.pg, &prefix).await?,
         requests,
+        lease_ttl_ms: Some(BASE_LEASE.as_millis() as u64),
     };
     let violations = check(&history, &Invariant::ALL);
     let redeliveries = history.with_status(Status::RetryDispatched).count();
@@ -745,12 +749,13 @@ async fn baseline_round(
                 let trail: Vec<String> = history
                     .events
                     .iter()
-                    .filter(|e| e.field("idempotency_key") == Some(j.idempotency_key.as_str()))
-                    .map(|e| {
+                    .filter_map(|e| e.line())
+                    .filter(|line| line.get("idempotency_key") == Some(j.idempotency_key.as_str()))
+                    .map(|line| {
                         format!(
                             "{}:{}",
-                            e.field("worker_id").unwrap_or("-"),
-                            e.status().unwrap_or("-")
+                            line.get("worker_id").unwrap_or("-"),
+                            line.status().unwrap_or("-")
                         )
                     })
                     .collect();

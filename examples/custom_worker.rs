@@ -12,14 +12,14 @@
 //! cargo run --example custom_worker -- --unfenced  # caught: at-most-one-final-write, ...
 //! ```
 
+use racecert::contract::checkpoint::{Checkpoint, Checkpoints, Directive};
+use racecert::contract::delivery::Delivery;
 use racecert::contract::log::LogSink;
 use racecert::contract::log::{Level, Status};
+use racecert::contract::worker::{BackendEndpoint, Infra};
 use racecert::contract::worker::{BoxFuture, WorkerContext, WorkerFactory, WorkerUnderTest};
 use racecert::contract::{CONSUMER_GROUP, InferRequest, InferResponse, Keys};
 use racecert::env::TestBed;
-use racecert::reference::checkpoints::{Checkpoint, Checkpoints, Directive};
-use racecert::reference::queue::Delivery;
-use racecert::reference::worker::{BackendEndpoint, Infra};
 use racecert::schedule::controlled::Controller;
 use racecert::schedule::explore::{ExploreConfig, explore};
 use std::sync::Arc;

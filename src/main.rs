@@ -2,9 +2,9 @@
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use racecert::contract::defect::{Defect, Defects};
 use racecert::env::images::{self, ImageConfig, Service};
 use racecert::env::{TestBed, TestBedBuilder, reaper};
-use racecert::reference::defects::{Defect, Defects};
 use racecert::report::Report;
 use racecert::suite::certify::{CertifyOptions, certify, parse_shard, replay_command, shard_of};
 use racecert::suite::file::{self as suite_file, LoadedSuite};

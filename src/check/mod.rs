@@ -1,9 +1,13 @@
 //! Invariants, each with a name and a report: what should hold, what was observed, and the events
 //! that prove it. They read a [`History`] only, so they judge any worker honouring the contract,
 //! and they lean on the audit trail and the backend journals wherever a worker's own log could lie.
+//! [`coverage`] judges, from the same history, which faults reached the path they target.
+
+pub mod coverage;
 
 use crate::contract::log::Status;
 use crate::contract::{JobStatus, output_version};
+use crate::fault::Effect;
 use crate::history::{AuditRow, EventKind, History};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -232,15 +236,16 @@ fn result_names_its_version(history: &History) -> Vec<Violation> {
 fn no_stale_cache_read(history: &History) -> Vec<Violation> {
     history
         .with_status(Status::CacheHit)
-        .filter(|e| e.field("served_model_version") != e.field("model_version"))
-        .map(|e| Violation {
+        .filter_map(|e| Some((e, e.line()?)))
+        .filter(|(_, line)| line.get("served_model_version") != line.get("model_version"))
+        .map(|(e, line)| Violation {
             invariant: Invariant::NoStaleCacheRead,
             observed: format!(
                 "{} running as {} was served a {} output from cache key {}",
-                e.field("worker_id").unwrap_or("-"),
-                e.field("model_version").unwrap_or("-"),
-                e.field("served_model_version").unwrap_or("-"),
-                e.field("cache_key").unwrap_or("-"),
+                line.get("worker_id").unwrap_or("-"),
+                line.get("model_version").unwrap_or("-"),
+                line.get("served_model_version").unwrap_or("-"),
+                line.get("cache_key").unwrap_or("-"),
             ),
             evidence: vec![event_line(e)],
         })
@@ -279,48 +284,45 @@ fn no_lost_job(history: &History) -> Vec<Violation> {
 /// Replays lease ownership from the events. A backend call is waste beyond policy when its attempt
 /// never held the lease while another attempt held a valid one: execution without dedupe. An
 /// attempt that held the lease and lost it to expiry may still finish its call (the policy allows
-/// that duplicate: the fence stops its write).
+/// that duplicate: the fence stops its write). On real clocks ([`History::lease_ttl_ms`]) a lease
+/// also runs out by itself.
 fn compute_waste_bounded(history: &History) -> Vec<Violation> {
-    let mut holders: HashMap<String, String> = HashMap::new();
+    // key -> (holder, acquired at ms)
+    let mut holders: HashMap<String, (String, u64)> = HashMap::new();
     // (worker, key) of attempts that acquired the lease.
     let mut leased: BTreeSet<(String, String)> = BTreeSet::new();
     let mut violations = Vec::new();
     for event in &history.events {
+        if let Some(ttl) = history.lease_ttl_ms {
+            holders.retain(|_, (_, acquired)| event.at_ms < *acquired + ttl);
+        }
         match &event.kind {
-            EventKind::Fault { what, .. } => match what.as_str() {
-                "lease_expired" => {
-                    if let Some(key) = event.field("idempotency_key") {
-                        holders.remove(key);
-                    }
-                }
-                "redis_restarted" => holders.clear(),
-                _ => {}
-            },
-            EventKind::Worker(_) => {
+            EventKind::Fault(Effect::LeaseExpired { key, .. }) => {
+                holders.remove(key);
+            }
+            EventKind::Fault(Effect::RedisRestarted) => holders.clear(),
+            EventKind::Worker(line) => {
                 let (Some(key), Some(worker)) =
-                    (event.field("idempotency_key"), event.field("worker_id"))
+                    (line.get("idempotency_key"), line.get("worker_id"))
                 else {
                     continue;
                 };
                 let attempt = (worker.to_owned(), key.to_owned());
-                let EventKind::Worker(line) = &event.kind else {
-                    continue;
-                };
                 match line.status_word() {
                     Some(Status::JobReceived | Status::RetryDispatched) => {
                         leased.remove(&attempt);
                     }
                     Some(Status::LeaseAcquired) => {
-                        holders.insert(key.to_owned(), worker.to_owned());
+                        holders.insert(key.to_owned(), (worker.to_owned(), event.at_ms));
                         leased.insert(attempt);
                     }
                     Some(Status::LeaseReleased)
-                        if holders.get(key).is_some_and(|h| h == worker) =>
+                        if holders.get(key).is_some_and(|(h, _)| h == worker) =>
                     {
                         holders.remove(key);
                     }
                     Some(Status::InferenceStarted) if !leased.contains(&attempt) => {
-                        if let Some(holder) = holders.get(key).filter(|h| *h != worker) {
+                        if let Some((holder, _)) = holders.get(key).filter(|(h, _)| h != worker) {
                             violations.push(Violation {
                                 invariant: Invariant::ComputeWasteBounded,
                                 observed: format!(
@@ -333,7 +335,7 @@ fn compute_waste_bounded(history: &History) -> Vec<Violation> {
                     _ => {}
                 }
             }
-            EventKind::Step(_) => {}
+            _ => {}
         }
     }
     violations
@@ -342,6 +344,7 @@ fn compute_waste_bounded(history: &History) -> Vec<Violation> {
 fn event_line(event: &crate::history::Event) -> String {
     match &event.kind {
         EventKind::Worker(line) => format!("step {} {}", event.step, line.to_logfmt()),
+        EventKind::Fault(effect) => format!("step {} fault {effect}", event.step),
         other => format!("step {} {other:?}", event.step),
     }
 }

@@ -3,6 +3,9 @@
 //! pointer), the job state machine and the log fields. racecert's checkers rely only on this
 //! contract, so a worker written in any language can be certified from the outside.
 
+pub mod checkpoint;
+pub mod defect;
+pub mod delivery;
 pub mod log;
 pub mod worker;
 

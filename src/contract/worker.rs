@@ -10,7 +10,7 @@
 //!
 //! ```no_run
 //! use racecert::contract::worker::{WorkerContext, WorkerFactory, WorkerUnderTest};
-//! use racecert::reference::queue::Delivery;
+//! use racecert::contract::delivery::Delivery;
 //! use std::sync::Arc;
 //!
 //! #[derive(Debug)]
@@ -39,18 +39,97 @@
 //! ```
 //! `examples/custom_worker.rs` runs a complete one through a shipped suite.
 
+use crate::Result;
 use crate::contract::Keys;
+use crate::contract::checkpoint::Checkpoints;
+use crate::contract::defect::Defects;
+use crate::contract::delivery::Delivery;
 use crate::contract::log::LogSink;
-use crate::reference::checkpoints::Checkpoints;
-use crate::reference::defects::Defects;
-use crate::reference::queue::Delivery;
-use crate::reference::worker::{BackendEndpoint, Infra};
-use crate::schedule::WorkerSpec;
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// One worker of a case.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerSpec {
+    /// Worker id, e.g. `worker-a`.
+    pub id: String,
+    /// The version it is bound to.
+    pub version: String,
+}
+
+/// A model backend as a worker's configuration names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendEndpoint {
+    /// Name for logs (`backend_endpoint`), e.g. `model-a`.
+    pub name: String,
+    /// Base URL, through the proxy.
+    pub url: String,
+}
+
+/// Connections a worker uses; shared by all workers of a suite (cheap clones).
+#[derive(Clone)]
+pub struct Infra {
+    /// Redis, through the proxy (reconnects after restarts and partitions).
+    pub redis: ConnectionManager,
+    /// Postgres, through the proxy.
+    pub pg: PgPool,
+    /// HTTP client for the backends.
+    pub http: reqwest::Client,
+}
+
+impl std::fmt::Debug for Infra {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Infra").finish_non_exhaustive()
+    }
+}
+
+impl Infra {
+    /// Connects to Redis and Postgres at the given (proxied) URLs.
+    pub async fn connect(redis_url: &str, database_url: &str) -> Result<Infra> {
+        let client = redis::Client::open(redis_url)?;
+        // A worker cut off from Redis or Postgres must fail fast (its delivery is redelivered),
+        // not sit in reconnect loops: short timeouts, few retries.
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(1)))
+            .set_response_timeout(Some(Duration::from_secs(5)))
+            .set_number_of_retries(1);
+        let redis = ConnectionManager::new_with_config(client, config).await?;
+        let pg = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_millis(750))
+            .connect(database_url)
+            .await?;
+        Ok(Infra {
+            redis,
+            pg,
+            http: reqwest::Client::new(),
+        })
+    }
+
+    /// The harness's own connections (expiring leases, reading the audit trail): patient, because
+    /// a harness query that gives up under load is an error of the run, not a finding.
+    pub async fn connect_harness(redis_url: &str, database_url: &str) -> Result<Infra> {
+        let redis = ConnectionManager::new(redis::Client::open(redis_url)?).await?;
+        let pg = sqlx::postgres::PgPoolOptions::new()
+            // Few: the harness's queries are short and rare, and every connection counts against
+            // the server's max_connections, shared by every case and worker.
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect(database_url)
+            .await?;
+        Ok(Infra {
+            redis,
+            pg,
+            http: reqwest::Client::new(),
+        })
+    }
+}
 
 /// A boxed, sendable future (the trait objects below need one).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

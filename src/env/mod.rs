@@ -273,19 +273,25 @@ impl std::ops::Deref for DedicatedProxy {
 
 impl Drop for DedicatedProxy {
     fn drop(&mut self) {
-        // The blocking client cannot run on an async worker thread, and Drop cannot await:
-        // delete from a short-lived thread of its own.
+        // Drop cannot await: delete on the runtime if there is one (the proxy goes away right
+        // after), else on a runtime of its own before returning.
         let api = self.api.clone();
         let name = self.proxy.name().to_owned();
-        let _ = std::thread::spawn(move || {
-            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                let _ = rt.block_on(api.delete(&name));
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let _ = api.delete(&name).await;
+                });
             }
-        })
-        .join();
+            Err(_) => {
+                if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    let _ = rt.block_on(api.delete(&name));
+                }
+            }
+        }
     }
 }
 

@@ -5,12 +5,14 @@
 
 use crate::Result;
 use crate::contract::JobStatus;
-use crate::contract::log::{LogLine, Status};
+use crate::contract::log::{Echo, LogLine, LogSink, Status};
 use crate::env::backends::JournalEntry;
+use crate::fault::Effect;
 use crate::reference::JobRow;
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use std::fmt::Write as _;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// One row of `inference_jobs_audit`.
@@ -74,19 +76,101 @@ impl AuditRow {
     }
 }
 
+/// What the harness saw or did, besides faults: how the queue redelivered, which attempts ended
+/// in an error, what the drain did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "observed", rename_all = "snake_case")]
+pub enum Observation {
+    /// A job was handed again to a worker (its visibility timeout made to expire, or run out).
+    Redelivered {
+        /// The worker it went to.
+        worker: String,
+        /// The job's idempotency key.
+        key: String,
+        /// How many times it has been delivered, this one included.
+        receive_count: u64,
+    },
+    /// An attempt ended in an infrastructure error (a partition, a restart); its delivery stays
+    /// unacknowledged.
+    AttemptError {
+        /// The worker.
+        worker: String,
+        /// The error.
+        error: String,
+    },
+    /// The queue lost a job (Redis restarted) and the harness's sweeper enqueued it again.
+    Requeued {
+        /// The job's idempotency key.
+        key: String,
+    },
+    /// A worker (process) started.
+    WorkerStarted {
+        /// Its id.
+        worker: String,
+        /// The version it serves.
+        version: String,
+    },
+    /// The drain began: every fault is healed from here on, and what follows is the system
+    /// settling, not the schedule (coverage counts nothing after it).
+    Draining,
+    /// The drain ended: faults healed, leases expired, the queue worked off.
+    Drained {
+        /// Whether every request ended terminal within the drain's bound.
+        settled: bool,
+    },
+}
+
+impl Observation {
+    /// The observation's name, as timelines print it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Observation::Redelivered { .. } => "redelivered",
+            Observation::AttemptError { .. } => "attempt_error",
+            Observation::Requeued { .. } => "requeued",
+            Observation::WorkerStarted { .. } => "worker_started",
+            Observation::Draining => "draining",
+            Observation::Drained { .. } => "drained",
+        }
+    }
+
+    /// `key=value` pairs, for timelines and diagrams.
+    pub fn fields(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Observation::Redelivered {
+                worker,
+                key,
+                receive_count,
+            } => vec![
+                ("worker_id", worker.clone()),
+                ("idempotency_key", key.clone()),
+                ("queue_receive_count", receive_count.to_string()),
+            ],
+            Observation::AttemptError { worker, error } => {
+                vec![("worker_id", worker.clone()), ("error", error.clone())]
+            }
+            Observation::Requeued { key } => vec![("idempotency_key", key.clone())],
+            Observation::WorkerStarted { worker, version } => {
+                vec![
+                    ("worker_id", worker.clone()),
+                    ("model_version", version.clone()),
+                ]
+            }
+            Observation::Draining => Vec::new(),
+            Observation::Drained { settled } => vec![("settled", settled.to_string())],
+        }
+    }
+}
+
 /// What an event is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EventKind {
     /// A schedule step began (its description).
     Step(String),
-    /// A fault was applied or undone (its description, with the keys it touched).
-    Fault {
-        /// What happened, e.g. `lease_expired`.
-        what: String,
-        /// Extra fields, e.g. the idempotency key.
-        fields: Vec<(String, String)>,
-    },
-    /// A line a worker (or the cutover) logged.
+    /// A fault landed (what it did).
+    Fault(Effect),
+    /// The harness saw or did something.
+    Harness(Observation),
+    /// A line a worker logged.
     Worker(LogLine),
 }
 
@@ -102,29 +186,33 @@ pub struct Event {
 }
 
 impl Event {
-    /// A field of a worker line or a fault.
-    pub fn field(&self, key: &str) -> Option<&str> {
+    /// A field of a worker line, a fault's effect or an observation.
+    pub fn field(&self, key: &str) -> Option<String> {
+        let find = |fields: Vec<(&'static str, String)>| {
+            fields.into_iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+        };
         match &self.kind {
-            EventKind::Worker(line) => line.get(key),
-            EventKind::Fault { fields, .. } => fields
-                .iter()
-                .find(|(k, _)| k == key)
-                .map(|(_, v)| v.as_str()),
+            EventKind::Worker(line) => line.get(key).map(str::to_owned),
+            EventKind::Fault(effect) => find(effect.fields()),
+            EventKind::Harness(observation) => find(observation.fields()),
             EventKind::Step(_) => None,
         }
     }
 
-    /// The status word of a worker line, or the fault's name.
-    pub fn status(&self) -> Option<&str> {
+    /// The worker line, if this is one.
+    pub fn line(&self) -> Option<&LogLine> {
         match &self.kind {
-            EventKind::Worker(line) => line.status(),
-            EventKind::Fault { what, .. } => Some(what),
-            EventKind::Step(_) => None,
+            EventKind::Worker(line) => Some(line),
+            _ => None,
         }
     }
 }
 
-/// Records events as a run goes, stamping each with the current step.
+/// Records a run's events as they happen, in real order, each stamped with the current schedule
+/// step and the time since the run started. Every runner records through one of these: worker
+/// lines arrive through [`Recorder::log_sink`] (in process) or [`Recorder::line`] (a process's
+/// stdout), faults through [`Recorder::fault`], the harness's own observations through
+/// [`Recorder::observe`].
 #[derive(Debug)]
 pub struct Recorder {
     started: Instant,
@@ -135,59 +223,54 @@ pub struct Recorder {
 struct RecorderState {
     step: usize,
     events: Vec<Event>,
-    log_cursor: usize,
-}
-
-impl Default for Recorder {
-    fn default() -> Self {
-        Recorder::new()
-    }
 }
 
 impl Recorder {
     /// A recorder starting now.
-    pub fn new() -> Recorder {
-        Recorder {
+    pub fn new() -> Arc<Recorder> {
+        Arc::new(Recorder {
             started: Instant::now(),
             inner: Mutex::new(RecorderState::default()),
-        }
+        })
     }
 
-    fn push(&self, state: &mut RecorderState, kind: EventKind) {
+    fn push(&self, kind: EventKind) {
         let at_ms = self.started.elapsed().as_millis() as u64;
+        let mut state = self.inner.lock().expect("poisoned");
         let step = state.step;
         state.events.push(Event { step, at_ms, kind });
     }
 
-    /// Moves the log lines emitted since the last call into the history, under the current step.
-    pub fn collect_log(&self, log: &crate::contract::log::LogSink) {
-        let lines = log.lines();
-        let mut state = self.inner.lock().expect("poisoned");
-        let fresh: Vec<LogLine> = lines[state.log_cursor.min(lines.len())..].to_vec();
-        state.log_cursor = lines.len();
-        for line in fresh {
-            self.push(&mut state, EventKind::Worker(line));
-        }
+    /// A log sink whose lines are recorded the moment they are emitted.
+    pub fn log_sink(self: &Arc<Self>, echo: Echo) -> LogSink {
+        let recorder = Arc::clone(self);
+        LogSink::with_listener(
+            echo,
+            Arc::new(move |line: &LogLine| {
+                recorder.line(line.clone());
+            }),
+        )
     }
 
     /// Starts step `step` with a description.
     pub fn step(&self, step: usize, description: String) {
-        let mut state = self.inner.lock().expect("poisoned");
-        state.step = step;
-        self.push(&mut state, EventKind::Step(description));
+        self.inner.lock().expect("poisoned").step = step;
+        self.push(EventKind::Step(description));
     }
 
-    /// Records a fault.
-    pub fn fault(&self, what: &str, fields: &[(&str, &str)]) {
-        let mut state = self.inner.lock().expect("poisoned");
-        let kind = EventKind::Fault {
-            what: what.to_owned(),
-            fields: fields
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-        };
-        self.push(&mut state, kind);
+    /// Records a line a worker logged.
+    pub fn line(&self, line: LogLine) {
+        self.push(EventKind::Worker(line));
+    }
+
+    /// Records what a fault did.
+    pub fn fault(&self, effect: Effect) {
+        self.push(EventKind::Fault(effect));
+    }
+
+    /// Records what the harness saw or did.
+    pub fn observe(&self, observation: Observation) {
+        self.push(EventKind::Harness(observation));
     }
 
     /// The events so far.
@@ -203,6 +286,8 @@ pub struct SubmittedRequest {
     pub request_id: String,
     /// Its idempotency key.
     pub idempotency_key: String,
+    /// Its normalized input (requests with the same input share cache entries).
+    pub input: String,
 }
 
 /// Everything the checkers look at.
@@ -218,6 +303,9 @@ pub struct History {
     pub jobs: Vec<JobRow>,
     /// The requests submitted.
     pub requests: Vec<SubmittedRequest>,
+    /// On real clocks, the lease TTL the workers were given (leases run out by themselves); None
+    /// when only the schedule makes leases expire.
+    pub lease_ttl_ms: Option<u64>,
 }
 
 /// Assembles the history of a run whose keys live under `prefix`: its events, plus the two
@@ -239,6 +327,7 @@ pub async fn collect(
         journal,
         jobs: read_jobs(pg, prefix).await?,
         requests,
+        lease_ttl_ms: None,
     })
 }
 
@@ -295,9 +384,26 @@ impl History {
                 EventKind::Step(description) => {
                     let _ = writeln!(out, "step {:>2}  -- {description}", event.step);
                 }
-                EventKind::Fault { what, fields } => {
-                    let _ = write!(out, "step {:>2}  FAULT status={what}", event.step);
-                    for (k, v) in fields {
+                EventKind::Fault(effect) => {
+                    let _ = write!(
+                        out,
+                        "step {:>2}  FAULT status={}",
+                        event.step,
+                        effect.name()
+                    );
+                    for (k, v) in effect.fields() {
+                        let _ = write!(out, " {k}={v}");
+                    }
+                    out.push('\n');
+                }
+                EventKind::Harness(observation) => {
+                    let _ = write!(
+                        out,
+                        "step {:>2}  HARNESS status={}",
+                        event.step,
+                        observation.name()
+                    );
+                    for (k, v) in observation.fields() {
                         let _ = write!(out, " {k}={v}");
                     }
                     out.push('\n');

@@ -7,9 +7,9 @@
 
 use crate::Result;
 use crate::contract::Keys;
+use crate::contract::defect::{Defect, Defects};
 use crate::contract::log::LogSink;
 use crate::contract::log::{Level, Status};
-use crate::reference::defects::{Defect, Defects};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 

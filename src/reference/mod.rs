@@ -5,28 +5,26 @@
 //! - [`queue`]: Redis Stream + consumer group, redelivery after the visibility timeout.
 //! - [`worker`]: lease, fencing generation, version-aware cache, backend call, fenced final write.
 //! - [`cutover`]: active-version pointer switch (and the defect's late invalidation).
-//! - [`checkpoints`]: named points where a harness holds, releases or crashes a worker.
 //!
 //! [`Pipeline`] wires them to a [`TestBed`] under one key namespace.
 
-pub mod checkpoints;
 pub mod cutover;
-pub mod defects;
 pub mod process;
 pub mod queue;
 pub mod submit;
 pub mod worker;
 
 use crate::Result;
+use crate::contract::checkpoint::Checkpoints;
+use crate::contract::defect::Defects;
 use crate::contract::log::LogSink;
+use crate::contract::worker::{BackendEndpoint, Infra};
 use crate::contract::{JobStatus, Keys};
 use crate::env::TestBed;
-use checkpoints::Checkpoints;
-use defects::Defects;
 use queue::Queue;
 use std::collections::BTreeMap;
 use submit::Api;
-use worker::{BackendEndpoint, Infra, Worker, WorkerConfig, WorkerConfigBuilder};
+use worker::{Worker, WorkerConfig, WorkerConfigBuilder};
 
 /// A job row as stored.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]

@@ -4,11 +4,12 @@
 //! SIGTERM drains: it stops taking jobs, finishes the one in hand and exits 0.
 
 use crate::contract::Keys;
+use crate::contract::checkpoint::Checkpoints;
+use crate::contract::defect::{Defect, Defects};
 use crate::contract::log::{Echo, LogSink};
-use crate::reference::checkpoints::Checkpoints;
-use crate::reference::defects::{Defect, Defects};
+use crate::contract::worker::{BackendEndpoint, Infra};
 use crate::reference::queue::Queue;
-use crate::reference::worker::{BackendEndpoint, Infra, Worker, WorkerConfig};
+use crate::reference::worker::{Worker, WorkerConfig};
 use crate::{Error, Result};
 use std::time::Duration;
 

@@ -4,6 +4,7 @@
 //! any step by claiming with a zero idle time: that is how a schedule makes the visibility
 //! timeout expire without sleeping.
 
+use crate::contract::delivery::{Delivery, JobMessage};
 use crate::contract::{CONSUMER_GROUP, Keys};
 use crate::{Error, Result};
 use redis::AsyncCommands;
@@ -13,30 +14,6 @@ use redis::streams::{
     StreamReadOptions, StreamReadReply,
 };
 use std::time::Duration;
-
-/// What the API puts on the queue for one job.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobMessage {
-    /// Stable idempotency key of the business request.
-    pub idempotency_key: String,
-    /// Job id (stable per idempotency key).
-    pub job_id: String,
-    /// The client's request id.
-    pub request_id: String,
-    /// The normalized input.
-    pub input: String,
-}
-
-/// One delivery of a job to a worker.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Delivery {
-    /// Stream entry id (what XACK takes).
-    pub entry_id: String,
-    /// The job.
-    pub job: JobMessage,
-    /// How many times this entry has been delivered, this one included.
-    pub receive_count: u64,
-}
 
 /// The queue of one namespace.
 #[derive(Clone)]

@@ -2,8 +2,9 @@
 //! (never random per attempt), insert the job PENDING exactly once, enqueue it.
 
 use crate::Result;
+use crate::contract::delivery::JobMessage;
 use crate::contract::{Keys, sha256_hex};
-use crate::reference::queue::{JobMessage, Queue};
+use crate::reference::queue::Queue;
 use sqlx::PgPool;
 
 /// A client's inference request.

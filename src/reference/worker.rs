@@ -12,30 +12,22 @@
 //! taken at start. Each [`Defect`] switches one of these protections off, faithfully re-creating
 //! a root cause of the seed.
 
+use crate::contract::checkpoint::{Checkpoint, Checkpoints, Directive};
+use crate::contract::defect::{Defect, Defects};
+use crate::contract::delivery::{Delivery, JobMessage};
 use crate::contract::log::LogSink;
 use crate::contract::log::{Level, Status};
+use crate::contract::worker::{BackendEndpoint, Infra};
 use crate::contract::{InferRequest, InferResponse, Keys, sha256_hex};
-use crate::reference::checkpoints::{Checkpoint, Checkpoints, Directive};
-use crate::reference::defects::{Defect, Defects};
-use crate::reference::queue::{Delivery, Queue};
+use crate::reference::queue::Queue;
 use crate::{Error, Result};
 use rand::{RngExt, SeedableRng};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
-use sqlx::PgPool;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
-
-/// A model backend as a worker's configuration names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BackendEndpoint {
-    /// Name for logs (`backend_endpoint`), e.g. `model-a`.
-    pub name: String,
-    /// Base URL, through the proxy.
-    pub url: String,
-}
 
 /// A worker's configuration, snapshotted at start.
 #[derive(Debug, Clone)]
@@ -198,47 +190,6 @@ impl WorkerConfigBuilder {
             return bad("the upstream warning must come before the hard timeout".into());
         }
         Ok(self.config)
-    }
-}
-
-/// Connections a worker uses; shared by all workers of a suite (cheap clones).
-#[derive(Clone)]
-pub struct Infra {
-    /// Redis, through the proxy (reconnects after restarts and partitions).
-    pub redis: ConnectionManager,
-    /// Postgres, through the proxy.
-    pub pg: PgPool,
-    /// HTTP client for the backends.
-    pub http: reqwest::Client,
-}
-
-impl std::fmt::Debug for Infra {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Infra").finish_non_exhaustive()
-    }
-}
-
-impl Infra {
-    /// Connects to Redis and Postgres at the given (proxied) URLs.
-    pub async fn connect(redis_url: &str, database_url: &str) -> Result<Infra> {
-        let client = redis::Client::open(redis_url)?;
-        // A worker cut off from Redis or Postgres must fail fast (its delivery is redelivered),
-        // not sit in reconnect loops: short timeouts, few retries.
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(1)))
-            .set_response_timeout(Some(Duration::from_secs(5)))
-            .set_number_of_retries(1);
-        let redis = ConnectionManager::new_with_config(client, config).await?;
-        let pg = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(8)
-            .acquire_timeout(Duration::from_millis(750))
-            .connect(database_url)
-            .await?;
-        Ok(Infra {
-            redis,
-            pg,
-            http: reqwest::Client::new(),
-        })
     }
 }
 
@@ -742,7 +693,7 @@ impl Worker {
     async fn call_backend(
         &self,
         endpoint: &BackendEndpoint,
-        job: &crate::reference::queue::JobMessage,
+        job: &JobMessage,
         attempt: &Attempt,
     ) -> Result<String> {
         let request = self

@@ -7,9 +7,9 @@
 
 pub use crate::contract::log::parse;
 
+use crate::contract::checkpoint::Checkpoint;
 use crate::contract::log::LogLine;
 use crate::fault::Fault;
-use crate::reference::checkpoints::Checkpoint;
 use crate::schedule::{RequestSpec, Schedule, Step, WorkerSpec};
 use parse::{Parsed, ParsedLine};
 use serde::Serialize;
@@ -615,7 +615,7 @@ pub async fn replay_on(
     bed: &crate::env::TestBed,
     analysis: &Analysis,
     request_id: &str,
-    defects: crate::reference::defects::Defects,
+    defects: crate::contract::defect::Defects,
 ) -> crate::Result<ReplayRun> {
     let (workers, schedule) =
         synthesize(&analysis.reconstruction, request_id).ok_or_else(|| {

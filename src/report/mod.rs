@@ -6,10 +6,11 @@
 mod svg;
 
 use crate::check::Violation;
+use crate::check::coverage::Coverage;
+use crate::contract::log::Status;
 use crate::fault::FaultKind;
 use crate::history::{EventKind, History};
 use crate::schedule::Schedule;
-use crate::schedule::controlled::Coverage;
 use crate::schedule::explore::{Counterexample, ExploreReport};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -208,7 +209,7 @@ pub fn diagram(history: &History, violations: &[Violation]) -> (Vec<String>, Vec
                 }
             }
             if let Some(backend) = line.get("backend_endpoint").filter(|b| *b != "-")
-                && line.status() == Some("inference_started")
+                && line.is(Status::InferenceStarted)
                 && !backends.contains(&backend.to_owned())
             {
                 backends.push(backend.to_owned());
@@ -236,53 +237,50 @@ pub fn diagram(history: &History, violations: &[Violation]) -> (Vec<String>, Vec
     for event in &history.events {
         match &event.kind {
             EventKind::Step(_) => {}
-            EventKind::Fault { what, fields } => {
-                let detail: Vec<String> = fields
-                    .iter()
-                    .filter(|(k, _)| k != "idempotency_key" && k != "error")
+            EventKind::Fault(effect) => {
+                let detail: Vec<String> = effect
+                    .fields()
+                    .into_iter()
+                    .filter(|(k, _)| *k != "idempotency_key")
                     .map(|(k, v)| format!("{k}={v}"))
                     .collect();
                 events.push(DiagramEvent {
                     step: event.step,
                     from: lanes[0].clone(),
                     to: lanes[lanes.len() - 1].clone(),
-                    label: format!("{what} {}", detail.join(" ")).trim().to_owned(),
+                    label: format!("{} {}", effect.name(), detail.join(" "))
+                        .trim()
+                        .to_owned(),
                     kind: "fault".into(),
                 });
             }
+            EventKind::Harness(_) => {}
             EventKind::Worker(line) => {
-                let Some(status) = line.status() else {
+                let Some(raw) = line.status() else {
                     continue;
                 };
+                let status = line.status_word();
                 let worker = match (line.get("worker_id"), line.get("model_version")) {
                     (Some(w), Some(v)) => format!("{w} ({v})"),
-                    _ => {
-                        if status == "cutover" {
-                            events.push(DiagramEvent {
-                                step: event.step,
-                                from: "API".into(),
-                                to: "Redis".into(),
-                                label: format!(
-                                    "cutover {} -> {}",
-                                    line.get("previous_model_version").unwrap_or("-"),
-                                    line.get("new_model_version").unwrap_or("-")
-                                ),
-                                kind: "fault".into(),
-                            });
-                        }
-                        continue;
-                    }
+                    _ => continue,
                 };
                 let backend = line.get("backend_endpoint").unwrap_or("-").to_owned();
                 let (from, to) = match status {
-                    "job_received" | "retry_dispatched" => ("queue".to_owned(), worker.clone()),
-                    "acked" => (worker.clone(), "queue".to_owned()),
-                    "lease_acquired" | "duplicate_skipped" | "lease_released" | "lease_lost"
-                    | "cache_hit" | "cache_miss" | "cache_written" => {
-                        (worker.clone(), "Redis".to_owned())
+                    Some(Status::JobReceived | Status::RetryDispatched) => {
+                        ("queue".to_owned(), worker.clone())
                     }
-                    "inference_started" => (worker.clone(), backend.clone()),
-                    "timeout_waiting_upstream" | "upstream_failed" => {
+                    Some(Status::Acked) => (worker.clone(), "queue".to_owned()),
+                    Some(
+                        Status::LeaseAcquired
+                        | Status::DuplicateSkipped
+                        | Status::LeaseReleased
+                        | Status::LeaseLost
+                        | Status::CacheHit
+                        | Status::CacheMiss
+                        | Status::CacheWritten,
+                    ) => (worker.clone(), "Redis".to_owned()),
+                    Some(Status::InferenceStarted) => (worker.clone(), backend.clone()),
+                    Some(Status::TimeoutWaitingUpstream | Status::UpstreamFailed) => {
                         (backend.clone(), worker.clone())
                     }
                     _ => (worker.clone(), "Postgres".to_owned()),
@@ -298,9 +296,11 @@ pub fn diagram(history: &History, violations: &[Violation]) -> (Vec<String>, Vec
                     to.clone()
                 };
                 let logfmt = line.to_logfmt();
-                let violating = matches!(status, "late_success" | "overwrite_detected")
-                    || evidence.iter().any(|e| e.ends_with(&logfmt));
-                let mut label = status.to_owned();
+                let violating = matches!(
+                    status,
+                    Some(Status::LateSuccess | Status::OverwriteDetected)
+                ) || evidence.iter().any(|e| e.ends_with(&logfmt));
+                let mut label = raw.to_owned();
                 for key in [
                     "generation",
                     "served_model_version",

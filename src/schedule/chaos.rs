@@ -4,29 +4,28 @@
 //! time. It finds what checkpoints do not model; it is reproducible in distribution (the fault
 //! plan comes from a seed), and everything it does is recorded and judged by the same checkers.
 
-use crate::check::{Invariant, check};
+use crate::check::Invariant;
 use crate::contract::Keys;
-use crate::contract::log::Level;
-use crate::contract::log::LogSink;
-use crate::contract::log::Status;
-use crate::contract::worker::{WorkerContext, WorkerFactory, WorkerUnderTest};
+use crate::contract::checkpoint::Checkpoints;
+use crate::contract::defect::Defects;
+use crate::contract::delivery::Delivery;
+use crate::contract::log::Echo;
+use crate::contract::worker::{
+    BackendEndpoint, Infra, WorkerContext, WorkerFactory, WorkerUnderTest,
+};
 use crate::env::TestBed;
-use crate::env::backends::Behaviour;
-use crate::env::proxy::{Direction, Toxic};
-use crate::fault::FaultKind;
-use crate::history::{Event, EventKind, SubmittedRequest};
+use crate::fault::{Fault, FaultKind, PartitionTarget, apply};
+use crate::history::{Observation, Recorder};
 use crate::reference::Pipeline;
-use crate::reference::checkpoints::Checkpoints;
-use crate::reference::defects::Defects;
 use crate::reference::queue::Queue;
-use crate::reference::submit::InferenceRequest;
-use crate::reference::worker::{BackendEndpoint, Infra};
 use crate::schedule::WorkerSpec;
-use crate::schedule::controlled::{CaseResult, Coverage};
+use crate::schedule::arrivals::Arrivals;
+use crate::schedule::controlled::CaseResult;
+use crate::schedule::plane::{CasePlane, Services, Workers};
 use crate::{Error, Result};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -101,117 +100,82 @@ impl ChaosSettings {
 
 static CHAOS_RUNS: AtomicU64 = AtomicU64::new(0);
 
-/// Requests submitted at seeded times over the first part of a free-running case, so that faults
-/// meet work in flight (shared by the chaos and external runners).
-pub(crate) struct Arrivals {
-    due: std::iter::Peekable<std::vec::IntoIter<(Duration, usize)>>,
-    inputs: usize,
-    /// What was submitted so far.
-    pub(crate) submitted: Vec<SubmittedRequest>,
-}
-
-impl Arrivals {
-    /// `count` requests at times drawn from `rng` within `window`, over `inputs` distinct inputs.
-    pub(crate) fn new(count: usize, inputs: usize, window: Duration, rng: &mut StdRng) -> Arrivals {
-        let mut due: Vec<(Duration, usize)> = (0..count)
-            .map(|i| (window.mul_f64(rng.random_range(0.0..1.0)), i))
-            .collect();
-        due.sort();
-        Arrivals {
-            due: due.into_iter().peekable(),
-            inputs: inputs.max(1),
-            submitted: Vec::new(),
-        }
-    }
-
-    /// Whether requests are still to come.
-    pub(crate) fn pending(&mut self) -> bool {
-        self.due.peek().is_some()
-    }
-
-    /// Submits every request due `elapsed` into the run.
-    pub(crate) async fn submit_due(
-        &mut self,
-        elapsed: Duration,
-        api: &mut crate::reference::submit::Api,
-    ) -> Result<()> {
-        while let Some((at, i)) = self.due.peek().copied() {
-            if elapsed < at {
-                break;
-            }
-            self.due.next();
-            let request_id = format!("req-{i}");
-            let submitted = api
-                .submit(&InferenceRequest {
-                    request_id: request_id.clone(),
-                    input: format!("input-{}", i % self.inputs),
-                })
-                .await?;
-            self.submitted.push(SubmittedRequest {
-                request_id,
-                idempotency_key: submitted.idempotency_key,
-            });
-        }
-        Ok(())
-    }
-}
-
-/// Marks a log line as a fault (turned into a fault event in the history).
-const FAULT_FIELD: &str = "fault";
-
-fn emit_fault(log: &LogSink, what: &str, fields: &[(&str, String)]) {
-    let mut line = vec![
-        ("status".to_owned(), what.to_owned()),
-        (FAULT_FIELD.to_owned(), "true".to_owned()),
-    ];
-    line.extend(fields.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
-    log.emit(Level::Warn, line);
-}
-
-/// Processes a delivery; an infrastructure error ends the attempt and is recorded as a fault
-/// event (the delivery stays unacknowledged and is redelivered).
-async fn process_logged(
-    worker: &dyn WorkerUnderTest,
-    delivery: crate::reference::queue::Delivery,
-    log: &LogSink,
-) {
+/// Processes a delivery; an infrastructure error ends the attempt and is recorded (the delivery
+/// stays unacknowledged and is redelivered).
+async fn process_logged(worker: &dyn WorkerUnderTest, delivery: Delivery, recorder: &Recorder) {
     if let Err(err) = worker.process(delivery).await {
-        emit_fault(
-            log,
-            "attempt_error",
-            &[
-                ("worker_id", worker.id().to_owned()),
-                ("error", err.to_string()),
-            ],
-        );
+        recorder.observe(Observation::AttemptError {
+            worker: worker.id().to_owned(),
+            error: err.to_string(),
+        });
     }
 }
 
 /// One worker's loop: receive (the harness's queue, real visibility timeout), process, pause.
 async fn worker_loop(
     worker: Arc<dyn WorkerUnderTest>,
-    queue: Queue,
+    mut queue: Queue,
     visibility: Duration,
     stop: Arc<AtomicBool>,
     seed: u64,
-    log: LogSink,
+    recorder: Arc<Recorder>,
 ) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut queue = queue;
     while !stop.load(Ordering::SeqCst) {
         if worker.is_draining() {
             break;
         }
         match queue.receive(worker.id(), visibility).await {
-            Ok(Some(delivery)) => {
-                process_logged(worker.as_ref(), delivery, &log).await;
-            }
-            Ok(None) => {
-                // Nothing to do: poll again soon (free-running workers poll, as real ones do).
-                tokio::time::sleep(Duration::from_millis(rng.random_range(5..30))).await;
-            }
+            Ok(Some(delivery)) => process_logged(worker.as_ref(), delivery, &recorder).await,
+            // Nothing to do: poll again soon (free-running workers poll, as real ones do).
+            Ok(None) => tokio::time::sleep(Duration::from_millis(rng.random_range(5..30))).await,
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }
+    }
+}
+
+/// The chaos case's workers: free-running tasks; a crash aborts one at whatever await point it is
+/// in, and the "process" restarts (same worker id, fresh task).
+struct Tasks {
+    workers: Vec<Arc<dyn WorkerUnderTest>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    queue: Queue,
+    visibility: Duration,
+    stop: Arc<AtomicBool>,
+    seed: u64,
+    recorder: Arc<Recorder>,
+    crashes: u64,
+}
+
+impl Tasks {
+    fn spawn(&self, index: usize) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(worker_loop(
+            self.workers[index].clone(),
+            self.queue.clone(),
+            self.visibility,
+            self.stop.clone(),
+            self.seed ^ ((index as u64) << 32) ^ self.crashes,
+            self.recorder.clone(),
+        ))
+    }
+}
+
+impl Workers for Tasks {
+    fn id(&self, worker: usize) -> String {
+        self.workers[worker % self.workers.len()].id().to_owned()
+    }
+
+    async fn crash(&mut self, worker: usize) -> Result<Option<Option<String>>> {
+        let index = worker % self.workers.len();
+        self.tasks[index].abort();
+        self.crashes += 1;
+        self.tasks[index] = self.spawn(index);
+        // Where the task was when aborted is unknown; the history's lines tell what it held.
+        Ok(Some(None))
+    }
+
+    async fn pause(&mut self, _worker: usize, _pause: Duration) -> Result<bool> {
+        Ok(false)
     }
 }
 
@@ -241,10 +205,11 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
             },
         );
     }
-    let (redis_proxy, pg_proxy, backend_proxies) = (&links.redis, &links.postgres, &links.backends);
+    let versions: Vec<String> = links.backends.keys().cloned().collect();
     let infra = Infra::connect(links.redis_url(), links.database_url()).await?;
-    let admin = Infra::connect(&bed.redis_url(), &bed.database_url()).await?;
-    let log = LogSink::default();
+    let admin = Infra::connect_harness(&bed.redis_url(), &bed.database_url()).await?;
+    let recorder = Recorder::new();
+    let log = recorder.log_sink(Echo::Off);
     // The API side submits through the harness's connections: clients retry their submits, and
     // the faults under test are the workers'.
     let mut api = Pipeline::with_infra(admin.clone(), keys.clone(), backends.clone(), log.clone())
@@ -280,182 +245,126 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
     }
     let queue = Queue::open(infra.redis.clone(), &keys).await?;
     let stop = Arc::new(AtomicBool::new(false));
-    let spawn_worker = |index: usize, generation: u64| {
-        tokio::spawn(worker_loop(
-            workers[index].clone(),
-            queue.clone(),
-            settings.visibility_timeout,
-            stop.clone(),
-            settings.seed ^ ((index as u64) << 32) ^ generation,
-            log.clone(),
-        ))
+    let mut tasks = Tasks {
+        workers,
+        tasks: Vec::new(),
+        queue: queue.clone(),
+        visibility: settings.visibility_timeout,
+        stop: stop.clone(),
+        seed: settings.seed,
+        recorder: recorder.clone(),
+        crashes: 0,
     };
-    let mut tasks: Vec<_> = (0..workers.len()).map(|i| spawn_worker(i, 0)).collect();
+    tasks.tasks = (0..tasks.workers.len()).map(|i| tasks.spawn(i)).collect();
+    let mut plane = CasePlane {
+        services: Services::new(
+            bed,
+            keys.clone(),
+            admin.clone(),
+            infra.clone(),
+            Some(links),
+            settings.defects.clone(),
+            settings.backend_timeout,
+        ),
+        workers: tasks,
+    };
 
-    // The fault plan: a seeded sequence of faults at seeded times.
-    let mut coverage = Coverage::default();
-    let mut guards = Vec::new();
+    // The fault plan: a seeded sequence of faults at seeded times, each one a step.
     let deadline = started + settings.duration;
     let mut cutover_done = settings.cutover_to.is_none();
-    let mut crashes = 0u64;
+    let mut slow: BTreeSet<String> = BTreeSet::new();
+    let mut step = 0;
     while Instant::now() < deadline || arrivals.pending() {
         tokio::time::sleep(Duration::from_millis(rng.random_range(20..120))).await;
-        arrivals.submit_due(started.elapsed(), &mut api).await?;
+        let fresh = arrivals.submit_due(started.elapsed(), &mut api).await?;
+        plane.services.requests.extend(fresh);
         // Faults come every few polls, not every one.
         if !rng.random_bool(0.35) {
             continue;
         }
-        if !cutover_done && started.elapsed() >= settings.duration / 2 {
-            let to = settings.cutover_to.clone().unwrap_or_default();
-            let mut redis = admin.redis.clone();
-            crate::reference::cutover::cutover(&mut redis, &keys, &to, &settings.defects, &log)
-                .await?;
+        let faults: Vec<Fault> = if !cutover_done && started.elapsed() >= settings.duration / 2 {
             cutover_done = true;
+            vec![Fault::Cutover {
+                to: settings.cutover_to.clone().unwrap_or_default(),
+            }]
+        } else if settings.faults.is_empty() {
             continue;
-        }
-        if settings.faults.is_empty() {
-            continue;
-        }
-        let kind = settings.faults[rng.random_range(0..settings.faults.len())];
-        let versions: Vec<String> = backend_proxies.keys().cloned().collect();
-        let version = versions[rng.random_range(0..versions.len())].clone();
-        match kind {
-            FaultKind::UpstreamTimeout => {
-                let proxy = &backend_proxies[&version];
-                let latency = settings.backend_timeout.as_millis() as u32 + 200;
-                let name = Toxic::Latency {
-                    latency_ms: latency,
-                    jitter_ms: 0,
+        } else {
+            let kind = settings.faults[rng.random_range(0..settings.faults.len())];
+            let version = versions[rng.random_range(0..versions.len())].clone();
+            match kind {
+                // A slow backend stays slow until the plan draws it again.
+                FaultKind::UpstreamTimeout if slow.remove(&version) => {
+                    vec![Fault::RecoverBackend { version }]
                 }
-                .name(Direction::Downstream);
-                if proxy.info().await?.toxics.iter().all(|t| t.name != name) {
-                    proxy
-                        .add_toxic(
-                            Toxic::Latency {
-                                latency_ms: latency,
-                                jitter_ms: 0,
-                            },
-                            Direction::Downstream,
-                            1.0,
-                        )
-                        .await?;
-                    emit_fault(&log, "upstream_slow", &[("model_version", version.clone())]);
-                    coverage.faults.entry(kind).or_insert((0, 0)).0 += 1;
-                } else {
-                    proxy.remove_toxic(&name).await?;
-                    emit_fault(
-                        &log,
-                        "upstream_recovered",
-                        &[("model_version", version.clone())],
-                    );
+                FaultKind::UpstreamTimeout => {
+                    slow.insert(version.clone());
+                    vec![Fault::UpstreamTimeout { version }]
                 }
+                FaultKind::BackendFailure => vec![Fault::BackendFailure {
+                    version,
+                    status: 503,
+                    calls: 2,
+                }],
+                FaultKind::LeaseExpiry if !arrivals.submitted.is_empty() => {
+                    vec![Fault::ExpireLease {
+                        request: rng.random_range(0..arrivals.submitted.len()),
+                    }]
+                }
+                FaultKind::WorkerCrash => vec![Fault::CrashWorker {
+                    worker: rng.random_range(0..settings.workers.len()),
+                }],
+                FaultKind::Partition => {
+                    let target = if rng.random_bool(0.5) {
+                        PartitionTarget::Redis
+                    } else {
+                        PartitionTarget::Postgres
+                    };
+                    vec![Fault::Partition { target }, Fault::Heal { target }]
+                }
+                _ => continue,
             }
-            FaultKind::BackendFailure => {
-                let guard = bed
-                    .backend(&version)?
-                    .program(
-                        keys.prefix(),
-                        Behaviour::FailFirst {
-                            status: 503,
-                            calls: 2,
-                        },
-                    )
-                    .await?;
-                guards.push(guard);
-                emit_fault(
-                    &log,
-                    "backend_failing",
-                    &[("model_version", version.clone())],
-                );
-                coverage.faults.entry(kind).or_insert((0, 0)).0 += 1;
-            }
-            FaultKind::LeaseExpiry if !arrivals.submitted.is_empty() => {
-                let requests = &arrivals.submitted;
-                let request = &requests[rng.random_range(0..requests.len())];
-                let mut redis = admin.redis.clone();
-                let deleted: i64 = redis::cmd("DEL")
-                    .arg(keys.lease(&request.idempotency_key))
-                    .query_async(&mut redis)
-                    .await?;
-                emit_fault(
-                    &log,
-                    "lease_expired",
-                    &[("idempotency_key", request.idempotency_key.clone())],
-                );
-                coverage.applied_kind(kind, deleted == 1);
-            }
-            FaultKind::WorkerCrash => {
-                let index = rng.random_range(0..tasks.len());
-                tasks[index].abort();
-                crashes += 1;
-                emit_fault(
-                    &log,
-                    "worker_crashed",
-                    &[("worker_id", workers[index].id().to_owned())],
-                );
-                coverage.applied_kind(kind, true);
-                // The process restarts (same worker id, fresh task).
-                tasks[index] = spawn_worker(index, crashes);
-            }
-            FaultKind::Partition => {
-                let (proxy, target) = if rng.random_bool(0.5) {
-                    (redis_proxy, "Redis")
-                } else {
-                    (pg_proxy, "Postgres")
-                };
-                proxy.disable().await?;
-                emit_fault(&log, "partition", &[("target", target.into())]);
+        };
+        for (i, fault) in faults.iter().enumerate() {
+            if i > 0 {
+                // A partition lasts a moment of real time before it heals.
                 tokio::time::sleep(Duration::from_millis(rng.random_range(50..300))).await;
-                proxy.enable().await?;
-                emit_fault(&log, "heal", &[("target", target.into())]);
-                coverage.faults.entry(kind).or_insert((0, 0)).0 += 1;
             }
-            _ => {}
+            step += 1;
+            recorder.step(step, fault.to_string());
+            let effect = apply(fault, &mut plane).await?;
+            recorder.fault(effect);
         }
     }
 
-    let requests = std::mem::take(&mut arrivals.submitted);
     // Heal everything, stop the loops, let in-flight attempts end.
+    step += 1;
+    recorder.step(
+        step,
+        "drain: heal, stop the loops, expire leases, redeliver".into(),
+    );
+    recorder.observe(Observation::Draining);
     stop.store(true, Ordering::SeqCst);
-    guards.clear();
-    for proxy in backend_proxies.values() {
-        proxy.clear_toxics().await?;
-    }
-    redis_proxy.enable().await?;
-    pg_proxy.enable().await?;
-    for task in tasks {
+    plane.services.heal_all().await?;
+    for task in std::mem::take(&mut plane.workers.tasks) {
         let _ =
             tokio::time::timeout(settings.backend_timeout * 4 + Duration::from_secs(2), task).await;
     }
-    emit_fault(&log, "healed", &[]);
+    plane.services.reconnect().await?;
     // Drain: leases run out, then workers of the active version take what is left.
-    crate::env::containers::wait_ready(
-        "redis (chaos connections)",
-        Duration::from_secs(10),
-        || {
-            let mut redis = infra.redis.clone();
-            async move { redis::cmd("PING").query_async::<String>(&mut redis).await }
-        },
-    )
-    .await?;
-    let active: Option<String> = {
-        let mut redis = admin.redis.clone();
-        redis::cmd("GET")
-            .arg(keys.active_version())
-            .query_async(&mut redis)
-            .await?
-    };
+    let active = plane.services.active_version().await?;
+    let requests = std::mem::take(&mut arrivals.submitted);
     for request in &requests {
-        let mut redis = admin.redis.clone();
-        let _: i64 = redis::cmd("DEL")
-            .arg(keys.lease(&request.idempotency_key))
-            .query_async(&mut redis)
+        plane
+            .services
+            .delete_lease(&request.idempotency_key)
             .await?;
     }
     let mut queue = queue;
+    let mut settled = false;
     for _ in 0..(4 * requests.len() + 8) {
         let mut progressed = false;
-        for worker in &workers {
+        for worker in &plane.workers.workers {
             if active
                 .as_deref()
                 .is_some_and(|v| v != worker.model_version())
@@ -469,60 +378,17 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
             };
             if let Some(delivery) = delivery {
                 progressed = true;
-                process_logged(worker.as_ref(), delivery, &log).await;
+                process_logged(worker.as_ref(), delivery, &recorder).await;
             }
         }
         if !progressed {
+            settled = true;
             break;
         }
     }
-
-    // The history: log lines in emission order, faults among them.
-    let events = log
-        .lines()
-        .into_iter()
-        .map(|line| {
-            let kind = if line.get(FAULT_FIELD) == Some("true") {
-                EventKind::Fault {
-                    what: line.status().unwrap_or("fault").to_owned(),
-                    fields: line
-                        .fields
-                        .iter()
-                        .filter(|(k, _)| k != "status" && k != FAULT_FIELD)
-                        .cloned()
-                        .collect(),
-                }
-            } else {
-                EventKind::Worker(line)
-            };
-            Event {
-                step: 0,
-                at_ms: 0,
-                kind,
-            }
-        })
-        .collect();
-    let history = crate::history::collect(bed, &admin.pg, keys.prefix(), events, requests).await?;
-    let upstream_failures = history.with_status(Status::UpstreamFailed).count() as u32;
-    for kind in [FaultKind::UpstreamTimeout, FaultKind::BackendFailure] {
-        if let Some(entry) = coverage.faults.get_mut(&kind) {
-            entry.1 = upstream_failures.min(entry.0);
-        }
-    }
-    let errors = history
-        .events
-        .iter()
-        .filter(|e| e.status() == Some("attempt_error"))
-        .count() as u32;
-    if let Some(entry) = coverage.faults.get_mut(&FaultKind::Partition) {
-        entry.1 = errors.min(entry.0);
-    }
-    let overlaps = history.with_status(Status::RetryDispatched).count() as u32;
-    coverage.applied_kind(FaultKind::RetryOverlap, overlaps > 0);
-    let violations = check(&history, &settings.invariants);
-    Ok(CaseResult {
-        history,
-        violations,
-        coverage,
-    })
+    recorder.observe(Observation::Drained { settled });
+    let mut history =
+        crate::history::collect(bed, &admin.pg, keys.prefix(), recorder.events(), requests).await?;
+    history.lease_ttl_ms = Some(settings.lease_ttl.as_millis() as u64);
+    Ok(CaseResult::judge(history, &settings.invariants))
 }

@@ -1,29 +1,33 @@
-//! The controlled runner: runs one [`Schedule`] against reference workers on the real test bed,
+//! The controlled runner: runs one [`Schedule`] against workers under test on the real test bed,
 //! one step at a time. Every worker is held by a [`Gate`], so only the worker a step names moves,
-//! and only as far as the step says; faults land between steps; time-driven events (lease TTL,
-//! visibility timeout) happen when the schedule says, never by sleeping. The same schedule gives
-//! the same history (wall-clock stamps aside).
+//! and only as far as the step says; faults land between steps, through [`crate::fault::apply`];
+//! time-driven events (lease TTL, visibility timeout) happen when the schedule says, never by
+//! sleeping. The same schedule gives the same history (wall-clock stamps aside).
+//!
+//! The runner owns apply -> check: it records everything through one [`Recorder`], then judges
+//! the history with the checkers and the coverage, as every runner does.
 
+use crate::check::coverage::{Coverage, coverage};
 use crate::check::{Invariant, Violation, check};
 use crate::contract::Keys;
-use crate::contract::log::LogSink;
-use crate::contract::log::Status;
-use crate::contract::worker::{WorkerContext, WorkerFactory, WorkerUnderTest};
-use crate::env::backends::{Behaviour, ProgramGuard};
-use crate::env::{DedicatedProxy, Target, TestBed};
-use crate::fault::{Fault, FaultKind, PartitionTarget};
-use crate::history::{EventKind, History, Recorder, SubmittedRequest, read_jobs};
+use crate::contract::checkpoint::{Arrival, Checkpoint, Gate};
+use crate::contract::defect::Defects;
+use crate::contract::delivery::{Delivery, JobMessage};
+use crate::contract::log::Echo;
+use crate::contract::worker::{
+    BackendEndpoint, Infra, WorkerContext, WorkerFactory, WorkerUnderTest,
+};
+use crate::env::TestBed;
+use crate::fault::{Fault, apply};
+use crate::history::{History, Observation, Recorder, SubmittedRequest, read_jobs};
 use crate::reference::Pipeline;
 use crate::reference::ReferenceFactory;
-use crate::reference::checkpoints::{Arrival, Checkpoint, Gate};
-use crate::reference::cutover::Cutover;
-use crate::reference::defects::Defects;
-use crate::reference::queue::{JobMessage, Queue};
+use crate::reference::queue::Queue;
 use crate::reference::submit::InferenceRequest;
-use crate::reference::worker::{BackendEndpoint, Infra};
+use crate::schedule::plane::{CasePlane, Services, Workers};
 use crate::schedule::{Schedule, Step, WorkerSpec};
 use crate::{Error, Result};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -67,31 +71,6 @@ impl CaseSettings {
     }
 }
 
-/// Fault kinds applied in a case, and whether each reached the path it targets.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Coverage {
-    /// kind -> (times applied, times it landed on its target path).
-    pub faults: BTreeMap<FaultKind, (u32, u32)>,
-}
-
-impl Coverage {
-    /// Records one application of a fault kind and whether it landed on its target path.
-    pub fn applied_kind(&mut self, kind: FaultKind, landed: bool) {
-        let entry = self.faults.entry(kind).or_insert((0, 0));
-        entry.0 += 1;
-        entry.1 += u32::from(landed);
-    }
-
-    /// Adds another case's coverage.
-    pub fn merge(&mut self, other: &Coverage) {
-        for (kind, (applied, landed)) in &other.faults {
-            let entry = self.faults.entry(*kind).or_insert((0, 0));
-            entry.0 += applied;
-            entry.1 += landed;
-        }
-    }
-}
-
 /// The result of one case.
 #[derive(Debug, Clone)]
 pub struct CaseResult {
@@ -103,19 +82,24 @@ pub struct CaseResult {
     pub coverage: Coverage,
 }
 
-/// A worker's place in the case.
-struct Slot {
-    worker: Arc<dyn WorkerUnderTest>,
-    task: Option<JoinHandle<Result<()>>>,
-    parked: Option<Arrival>,
-    /// Idempotency key of the delivery in flight.
-    key: Option<String>,
+impl CaseResult {
+    /// Judges a history: the invariants, and which faults reached their target paths.
+    pub fn judge(history: History, invariants: &[Invariant]) -> CaseResult {
+        CaseResult {
+            violations: check(&history, invariants),
+            coverage: coverage(&history),
+            history,
+        }
+    }
 }
 
 /// Runs controlled cases on one test bed.
 pub struct Controller<'a> {
     bed: &'a TestBed,
+    /// The workers' connections in cases that cut no link (fail-fast, as workers need).
     infra: Infra,
+    /// The harness's own connections (patient).
+    admin: Infra,
     settings: CaseSettings,
     backends: BTreeMap<String, BackendEndpoint>,
     run_id: String,
@@ -142,6 +126,7 @@ impl<'a> Controller<'a> {
             return Err(Error::Config("a case needs at least one worker".into()));
         }
         let infra = Infra::connect(&bed.redis_url(), &bed.database_url()).await?;
+        let admin = Infra::connect_harness(&bed.redis_url(), &bed.database_url()).await?;
         let backends = crate::reference::backend_endpoints(bed)?;
         for spec in &settings.workers {
             if !backends.contains_key(&spec.version) {
@@ -156,6 +141,7 @@ impl<'a> Controller<'a> {
         Ok(Controller {
             bed,
             infra,
+            admin,
             settings,
             backends,
             run_id: format!(
@@ -197,28 +183,82 @@ impl<'a> Controller<'a> {
     }
 }
 
+/// A worker's place in the case.
+struct Slot {
+    worker: Arc<dyn WorkerUnderTest>,
+    task: Option<JoinHandle<Result<()>>>,
+    parked: Option<Arrival>,
+}
+
+/// The case's workers, parked at their checkpoints by the gate.
+struct Slots {
+    slots: Vec<Slot>,
+    gate: Arc<Gate>,
+    recorder: Arc<Recorder>,
+}
+
+impl Slots {
+    fn index(&self, worker: usize) -> usize {
+        worker % self.slots.len()
+    }
+
+    /// Waits for a worker's task to end; an infrastructure error is recorded (its delivery stays
+    /// unacknowledged and will be redelivered).
+    async fn settle(&mut self, index: usize) -> Result<()> {
+        let slot = &mut self.slots[index];
+        slot.parked = None;
+        let Some(task) = slot.task.take() else {
+            return Ok(());
+        };
+        let worker = slot.worker.id().to_owned();
+        match task.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => {
+                self.recorder.observe(Observation::AttemptError {
+                    worker,
+                    error: err.to_string(),
+                });
+                Ok(())
+            }
+            Err(join) => Err(Error::other(format!("worker {worker} panicked: {join}"))),
+        }
+    }
+}
+
+impl Workers for Slots {
+    fn id(&self, worker: usize) -> String {
+        self.slots[self.index(worker)].worker.id().to_owned()
+    }
+
+    async fn crash(&mut self, worker: usize) -> Result<Option<Option<String>>> {
+        let index = self.index(worker);
+        let Some(parked) = self.slots[index].parked.take() else {
+            return Ok(None);
+        };
+        let at = parked.at;
+        parked.crash();
+        self.settle(index).await?;
+        Ok(Some(Some(at.name().to_owned())))
+    }
+
+    async fn pause(&mut self, _worker: usize, _pause: Duration) -> Result<bool> {
+        // No clock runs here: a pause is a worker held at its checkpoint while the schedule moves
+        // others, which `Run` steps express already.
+        Ok(false)
+    }
+}
+
 /// The state of one running case.
 struct CaseRun<'c, 'a> {
     controller: &'c Controller<'a>,
     pipeline: Pipeline,
-    gate: Arc<Gate>,
-    recorder: Recorder,
-    slots: Vec<Slot>,
+    plane: CasePlane<'a, Slots>,
+    recorder: Arc<Recorder>,
     requests: Vec<SubmittedRequest>,
-    cutover: Option<Cutover>,
-    programs: HashMap<String, ProgramGuard>,
-    partitions: HashMap<PartitionTarget, DedicatedProxy>,
     /// The job queue as the case's workers see it (through their possibly partitioned link).
     queue: Queue,
-    /// The harness's own connections (through the shared proxies): a case's partition cuts off
-    /// its workers, not the clock or the operator.
-    admin: Infra,
-    cut_off: std::collections::HashSet<PartitionTarget>,
-    inputs: Vec<String>,
     /// Steps in the schedule (the drain is numbered after them).
     steps: usize,
-    redis_restarted: bool,
-    coverage: Coverage,
 }
 
 impl<'c, 'a> CaseRun<'c, 'a> {
@@ -233,22 +273,20 @@ impl<'c, 'a> CaseRun<'c, 'a> {
             .iter()
             .any(|s| matches!(s, Step::Fault(Fault::Partition { .. } | Fault::Heal { .. })));
         // A partition must cut off this case only: it gets proxies (and connections) of its own.
-        let mut partitions = HashMap::new();
-        let infra = if needs_partition {
+        let (infra, links) = if needs_partition {
             let links = bed.case_links(false).await?;
             let infra = Infra::connect(links.redis_url(), links.database_url()).await?;
-            partitions.insert(PartitionTarget::Redis, links.redis);
-            partitions.insert(PartitionTarget::Postgres, links.postgres);
-            infra
+            (infra, Some(links))
         } else {
-            controller.infra.clone()
+            (controller.infra.clone(), None)
         };
-        let log = LogSink::default();
-        let mut pipeline = Pipeline::with_infra(
-            infra,
-            Keys::namespaced(namespace),
+        let recorder = Recorder::new();
+        let keys = Keys::namespaced(namespace);
+        let pipeline = Pipeline::with_infra(
+            infra.clone(),
+            keys.clone(),
             controller.backends.clone(),
-            log,
+            recorder.log_sink(Echo::Off),
         )
         .await?;
         let gate = Arc::new(Gate::new(Duration::from_secs(20)));
@@ -276,13 +314,18 @@ impl<'c, 'a> CaseRun<'c, 'a> {
                 worker,
                 task: None,
                 parked: None,
-                key: None,
             });
         }
+        // The API side submits through the harness's connections: a client retries its submit,
+        // and the faults under test are the workers'.
+        let mut api = crate::reference::submit::Api::new(
+            controller.admin.pg.clone(),
+            Queue::open(controller.admin.redis.clone(), &keys).await?,
+            keys.clone(),
+        );
         let mut requests = Vec::new();
         for request in &schedule.requests {
-            let submitted = pipeline
-                .api
+            let submitted = api
                 .submit(&InferenceRequest {
                     request_id: request.request_id.clone(),
                     input: request.input.clone(),
@@ -291,35 +334,36 @@ impl<'c, 'a> CaseRun<'c, 'a> {
             requests.push(SubmittedRequest {
                 request_id: request.request_id.clone(),
                 idempotency_key: submitted.idempotency_key,
+                input: crate::reference::submit::normalize_input(&request.input),
             });
         }
         let queue = Queue::open(pipeline.infra.redis.clone(), &pipeline.keys).await?;
-        let mut run = CaseRun {
+        let mut services = Services::new(
+            bed,
+            keys,
+            controller.admin.clone(),
+            infra,
+            links,
+            settings.defects.clone(),
+            settings.backend_timeout,
+        );
+        services.requests = requests.iter().map(|r| r.idempotency_key.clone()).collect();
+        Ok(CaseRun {
             controller,
-            // `partitions` is only non-empty when the pipeline runs on the case's own proxies.
-            partitions: HashMap::new(),
             pipeline,
-            gate,
-            recorder: Recorder::new(),
-            slots,
+            plane: CasePlane {
+                services,
+                workers: Slots {
+                    slots,
+                    gate,
+                    recorder: recorder.clone(),
+                },
+            },
+            recorder,
             requests,
-            cutover: None,
-            programs: HashMap::new(),
             queue,
-            admin: controller.infra.clone(),
-            cut_off: Default::default(),
-            inputs: schedule
-                .requests
-                .iter()
-                .map(|r| crate::reference::submit::normalize_input(&r.input))
-                .collect(),
             steps: schedule.steps.len(),
-            redis_restarted: false,
-            coverage: Coverage::default(),
-        };
-        run.partitions = partitions;
-        run.recorder.collect_log(&run.pipeline.log);
-        Ok(run)
+        })
     }
 
     async fn execute(&mut self, schedule: &Schedule) -> Result<()> {
@@ -327,254 +371,69 @@ impl<'c, 'a> CaseRun<'c, 'a> {
             self.recorder.step(i + 1, step.to_string());
             match step {
                 Step::Run { worker, to } => self.run_worker(*worker, *to).await?,
-                Step::Crash { worker } => self.crash(*worker).await?,
-                Step::Fault(fault) => self.apply(fault).await?,
+                Step::Crash { worker } => {
+                    self.fault(&Fault::CrashWorker { worker: *worker }).await?
+                }
+                Step::Fault(fault) => self.fault(fault).await?,
             }
-            self.recorder.collect_log(&self.pipeline.log);
         }
         Ok(())
     }
 
-    fn slot_index(&self, worker: usize) -> usize {
-        worker % self.slots.len()
-    }
-
-    /// Whether some other worker is mid-job (in flight past its lease, or crashed holding one).
-    fn someone_in_flight(&self, except: usize) -> bool {
-        self.slots
-            .iter()
-            .enumerate()
-            .any(|(i, s)| i != except && s.task.is_some())
+    async fn fault(&mut self, fault: &Fault) -> Result<()> {
+        let effect = apply(fault, &mut self.plane).await?;
+        self.recorder.fault(effect);
+        Ok(())
     }
 
     async fn run_worker(&mut self, worker: usize, to: Checkpoint) -> Result<()> {
-        let index = self.slot_index(worker);
-        if self.slots[index].task.is_none() {
-            let slot_worker = self.slots[index].worker.clone();
+        let slots = &self.plane.workers;
+        let index = slots.index(worker);
+        if slots.slots[index].task.is_none() {
+            let slot_worker = slots.slots[index].worker.clone();
             if slot_worker.is_draining() {
                 return Ok(());
             }
-            let received = self.receive_for(slot_worker.id()).await;
-            let (delivery, redelivered) = match received {
-                Ok(received) => received,
+            let delivery = match self.receive_for(slot_worker.id()).await {
+                Ok(delivery) => delivery,
                 Err(err) => {
                     // The worker could not reach its queue (a partition): its step does nothing.
-                    self.recorder.fault(
-                        "attempt_error",
-                        &[("worker_id", slot_worker.id()), ("error", &err.to_string())],
-                    );
-                    if !self.cut_off.is_empty() {
-                        self.coverage.applied_kind(FaultKind::Partition, true);
-                    }
+                    self.recorder.observe(Observation::AttemptError {
+                        worker: slot_worker.id().to_owned(),
+                        error: err.to_string(),
+                    });
                     return Ok(());
                 }
             };
             let Some(delivery) = delivery else {
                 return Ok(());
             };
-            if redelivered {
-                let overlap = self.someone_in_flight(index);
-                self.coverage.applied_kind(FaultKind::RetryOverlap, overlap);
-                self.recorder.fault(
-                    "redelivered",
-                    &[
-                        ("worker_id", slot_worker.id()),
-                        ("idempotency_key", &delivery.job.idempotency_key),
-                        ("queue_receive_count", &delivery.receive_count.to_string()),
-                        ("overlap", if overlap { "true" } else { "false" }),
-                    ],
-                );
-            }
-            let slot = &mut self.slots[index];
-            slot.key = Some(delivery.job.idempotency_key.clone());
+            let slot = &mut self.plane.workers.slots[index];
             let runner = slot.worker.clone();
             slot.task = Some(tokio::spawn(async move { runner.process(delivery).await }));
         }
-        let id = self.slots[index].worker.id().to_owned();
-        if let Some(parked) = self.slots[index].parked.take() {
+        let slots = &mut self.plane.workers;
+        let id = slots.slots[index].worker.id().to_owned();
+        if let Some(parked) = slots.slots[index].parked.take() {
             if parked.at >= to {
-                self.slots[index].parked = Some(parked);
+                slots.slots[index].parked = Some(parked);
                 return Ok(());
             }
             parked.proceed();
         }
         loop {
-            let arrival = self.gate.next(&id).await?;
+            let arrival = slots.gate.next(&id).await?;
             if arrival.at == Checkpoint::Done {
                 arrival.proceed();
-                self.settle(index).await?;
+                slots.settle(index).await?;
                 return Ok(());
             }
             if arrival.at >= to {
-                self.slots[index].parked = Some(arrival);
+                slots.slots[index].parked = Some(arrival);
                 return Ok(());
             }
             arrival.proceed();
         }
-    }
-
-    /// Waits for a worker's task to end and records how.
-    async fn settle(&mut self, index: usize) -> Result<()> {
-        let slot = &mut self.slots[index];
-        slot.key = None;
-        slot.parked = None;
-        let Some(task) = slot.task.take() else {
-            return Ok(());
-        };
-        let worker = slot.worker.id().to_owned();
-        match task.await {
-            Ok(Ok(_)) => {}
-            Ok(Err(err)) => {
-                // Infrastructure errors (a partition, a restart) end the attempt; the delivery
-                // stays unacknowledged and will be redelivered.
-                let landed = !self.cut_off.is_empty();
-                self.recorder.fault(
-                    "attempt_error",
-                    &[("worker_id", &worker), ("error", &err.to_string())],
-                );
-                if landed {
-                    self.coverage.applied_kind(FaultKind::Partition, true);
-                }
-            }
-            Err(join) => {
-                return Err(Error::other(format!("worker {worker} panicked: {join}")));
-            }
-        }
-        Ok(())
-    }
-
-    async fn crash(&mut self, worker: usize) -> Result<()> {
-        let index = self.slot_index(worker);
-        let Some(parked) = self.slots[index].parked.take() else {
-            return Ok(());
-        };
-        let at = parked.at;
-        let id = self.slots[index].worker.id().to_owned();
-        parked.crash();
-        self.settle(index).await?;
-        self.coverage
-            .applied_kind(FaultKind::WorkerCrash, at >= Checkpoint::AfterLease);
-        self.recorder
-            .fault("worker_crashed", &[("worker_id", &id), ("at", at.name())]);
-        Ok(())
-    }
-
-    fn key_in_flight(&self, key: &str) -> bool {
-        self.slots.iter().any(|s| {
-            s.key.as_deref() == Some(key) && s.parked.is_some_and_at_least(Checkpoint::AfterLease)
-        })
-    }
-
-    async fn apply(&mut self, fault: &Fault) -> Result<()> {
-        let bed = self.controller.bed;
-        let prefix = self.pipeline.keys.prefix().to_owned();
-        match fault {
-            Fault::ExpireLease { request } => {
-                let Some(request) = self.requests.get(request % self.requests.len().max(1)) else {
-                    return Ok(());
-                };
-                let key = request.idempotency_key.clone();
-                let held = self.expire_lease(&key).await?;
-                let landed = held && self.key_in_flight(&key);
-                self.coverage.applied_kind(FaultKind::LeaseExpiry, landed);
-                self.recorder.fault(
-                    "lease_expired",
-                    &[("idempotency_key", &key), ("held", &held.to_string())],
-                );
-            }
-            Fault::RestartRedis => {
-                let landed = self
-                    .slots
-                    .iter()
-                    .any(|s| s.parked.is_some_and_at_least(Checkpoint::AfterLease));
-                bed.restart(Target::Redis).await?;
-                self.reconnect().await?;
-                self.redis_restarted = true;
-                self.coverage.applied_kind(FaultKind::RedisRestart, landed);
-                self.recorder.fault("redis_restarted", &[]);
-            }
-            Fault::Partition { target } | Fault::Heal { target } => {
-                let cut = matches!(fault, Fault::Partition { .. });
-                let Some(proxy) = self.partitions.get(target) else {
-                    return Err(Error::other("partition without the case's own proxies"));
-                };
-                if cut {
-                    proxy.disable().await?;
-                    self.cut_off.insert(*target);
-                } else {
-                    proxy.enable().await?;
-                    self.cut_off.remove(target);
-                    // Only Redis's connection manager needs waking; Postgres's pool opens fresh
-                    // connections on its own.
-                    if *target == PartitionTarget::Redis {
-                        self.reconnect().await?;
-                    }
-                }
-                self.recorder.fault(
-                    if cut { "partition" } else { "heal" },
-                    &[("target", &format!("{target:?}"))],
-                );
-            }
-            Fault::Cutover { to } => {
-                let landed = self
-                    .slots
-                    .iter()
-                    .any(|s| s.parked.is_some_and_at_least(Checkpoint::AfterTake));
-                let mut redis = self.admin.redis.clone();
-                let cutover = crate::reference::cutover::cutover(
-                    &mut redis,
-                    &self.pipeline.keys,
-                    to,
-                    &self.controller.settings.defects,
-                    &self.pipeline.log,
-                )
-                .await?;
-                self.cutover = Some(cutover);
-                self.coverage.applied_kind(FaultKind::Cutover, landed);
-            }
-            Fault::InvalidateCache => {
-                if let Some(cutover) = self.cutover.as_mut() {
-                    let mut redis = self.admin.redis.clone();
-                    let deleted = cutover
-                        .invalidate(&mut redis, &self.pipeline.keys, &self.pipeline.log)
-                        .await?;
-                    self.coverage
-                        .applied_kind(FaultKind::CacheInvalidationLag, deleted > 0);
-                }
-            }
-            Fault::UpstreamTimeout { version } => {
-                let delay = self.controller.settings.backend_timeout + Duration::from_millis(150);
-                let guard = bed
-                    .backend(version)?
-                    .program(&prefix, Behaviour::Delay(delay))
-                    .await?;
-                self.programs.insert(version.clone(), guard);
-                self.recorder
-                    .fault("upstream_slow", &[("model_version", version)]);
-            }
-            Fault::BackendFailure {
-                version,
-                status,
-                calls,
-            } => {
-                let guard = bed
-                    .backend(version)?
-                    .program(
-                        &prefix,
-                        Behaviour::FailFirst {
-                            status: *status,
-                            calls: *calls,
-                        },
-                    )
-                    .await?;
-                self.programs.insert(version.clone(), guard);
-                self.recorder.fault(
-                    "backend_failing",
-                    &[("model_version", version), ("status", &status.to_string())],
-                );
-            }
-        }
-        Ok(())
     }
 
     /// Heals every fault, lets parked workers finish, lets every lease run out and drains the
@@ -584,45 +443,46 @@ impl<'c, 'a> CaseRun<'c, 'a> {
             self.steps + 1,
             "drain: heal, finish parked workers, expire leases, redeliver".into(),
         );
-        for proxy in self.partitions.values() {
-            proxy.enable().await?;
-        }
-        if !self.cut_off.is_empty() {
-            self.reconnect().await?;
-        }
-        self.cut_off.clear();
-        self.programs.clear();
-        for index in 0..self.slots.len() {
-            let id = self.slots[index].worker.id().to_owned();
-            self.gate.free(&id);
-            if let Some(parked) = self.slots[index].parked.take() {
+        self.recorder.observe(Observation::Draining);
+        self.plane.services.heal_all().await?;
+        let slots = &mut self.plane.workers;
+        for index in 0..slots.slots.len() {
+            let id = slots.slots[index].worker.id().to_owned();
+            slots.gate.free(&id);
+            if let Some(parked) = slots.slots[index].parked.take() {
                 parked.proceed();
             }
-            self.settle(index).await?;
+            slots.settle(index).await?;
         }
         for request in self.requests.clone() {
-            if self.expire_lease(&request.idempotency_key).await? {
-                self.recorder.fault(
-                    "lease_expired",
-                    &[("idempotency_key", &request.idempotency_key)],
-                );
+            if self
+                .plane
+                .services
+                .delete_lease(&request.idempotency_key)
+                .await?
+            {
+                self.recorder.fault(crate::fault::Effect::LeaseExpired {
+                    key: request.idempotency_key.clone(),
+                    held: true,
+                });
             }
         }
-        if self.redis_restarted {
+        if self.plane.services.redis_restarted() {
             self.recover_queue().await?;
         }
-        let active: Option<String> = {
-            let mut redis = self.admin.redis.clone();
-            redis::cmd("GET")
-                .arg(self.pipeline.keys.active_version())
-                .query_async(&mut redis)
-                .await?
-        };
+        let active = self.plane.services.active_version().await?;
         // Bounded: each round either processes a delivery or ends the drain.
+        let mut settled = false;
         for _ in 0..(4 * self.requests.len() + 4) {
             let mut progressed = false;
-            for slot in &self.slots {
-                let worker = &slot.worker;
+            let workers: Vec<Arc<dyn WorkerUnderTest>> = self
+                .plane
+                .workers
+                .slots
+                .iter()
+                .map(|s| s.worker.clone())
+                .collect();
+            for worker in workers {
                 if active
                     .as_deref()
                     .is_some_and(|v| v != worker.model_version())
@@ -630,54 +490,38 @@ impl<'c, 'a> CaseRun<'c, 'a> {
                 {
                     continue;
                 }
-                let (delivery, _) = self.receive_for(worker.id()).await?;
-                // (After healing, the workers' connections answer again: reconnect() waited.)
-                if let Some(delivery) = delivery {
+                // (After healing, the workers' connections answer again: heal_all waited.)
+                if let Some(delivery) = self.receive_for(worker.id()).await? {
                     if let Err(err) = worker.process(delivery).await {
-                        self.recorder.fault(
-                            "attempt_error",
-                            &[("worker_id", worker.id()), ("error", &err.to_string())],
-                        );
+                        self.recorder.observe(Observation::AttemptError {
+                            worker: worker.id().to_owned(),
+                            error: err.to_string(),
+                        });
                     }
                     progressed = true;
                 }
             }
-            self.recorder.collect_log(&self.pipeline.log);
             if !progressed {
+                settled = true;
                 break;
             }
         }
-        Ok(())
-    }
-
-    /// After a restart or a healed partition the case's Redis connection has seen its socket die:
-    /// its first command fails and reconnects. The harness waits until it answers again, so only
-    /// the workers' attempts, never the harness's own bookkeeping, feel the fault.
-    async fn reconnect(&self) -> Result<()> {
-        self.reconnect_one(self.pipeline.infra.redis.clone())
-            .await?;
-        self.reconnect_one(self.admin.redis.clone()).await
-    }
-
-    async fn reconnect_one(&self, redis: redis::aio::ConnectionManager) -> Result<()> {
-        crate::env::containers::wait_ready(
-            "redis (case connections)",
-            Duration::from_secs(10),
-            || {
-                let mut redis = redis.clone();
-                async move { redis::cmd("PING").query_async::<String>(&mut redis).await }
-            },
-        )
-        .await?;
+        self.recorder.observe(Observation::Drained { settled });
         Ok(())
     }
 
     /// Redis lost the stream: the sweeper re-enqueues every job the table says is unfinished.
     async fn recover_queue(&mut self) -> Result<()> {
-        let mut queue = Queue::open(self.admin.redis.clone(), &self.pipeline.keys).await?;
-        for job in read_jobs(&self.admin.pg, self.pipeline.keys.prefix()).await? {
-            if matches!(job.status.as_str(), "PENDING" | "IN_PROGRESS") {
-                let input = self.controller_input(&job.request_id).unwrap_or_default();
+        let admin = self.plane.services.admin().clone();
+        let mut queue = Queue::open(admin.redis.clone(), &self.pipeline.keys).await?;
+        for job in read_jobs(&admin.pg, self.pipeline.keys.prefix()).await? {
+            if job.status().is_ok_and(|s| !s.is_terminal()) {
+                let input = self
+                    .requests
+                    .iter()
+                    .find(|r| r.request_id == job.request_id)
+                    .map(|r| r.input.clone())
+                    .unwrap_or_default();
                 queue
                     .enqueue(&JobMessage {
                         idempotency_key: job.idempotency_key.clone(),
@@ -689,88 +533,45 @@ impl<'c, 'a> CaseRun<'c, 'a> {
                         input,
                     })
                     .await?;
-                self.recorder
-                    .fault("requeued", &[("idempotency_key", &job.idempotency_key)]);
+                self.recorder.observe(Observation::Requeued {
+                    key: job.idempotency_key.clone(),
+                });
             }
         }
         Ok(())
     }
 
     /// The next delivery for a worker: a new job, else a redelivery of an unacknowledged one
-    /// (its visibility timeout made to expire now). The flag says which.
-    async fn receive_for(
-        &self,
-        worker: &str,
-    ) -> Result<(Option<crate::reference::queue::Delivery>, bool)> {
+    /// (its visibility timeout made to expire now, and recorded as such).
+    async fn receive_for(&self, worker: &str) -> Result<Option<Delivery>> {
         let mut queue = self.queue.clone();
         if let Some(delivery) = queue.receive(worker, Duration::from_secs(3600)).await? {
-            return Ok((Some(delivery), false));
+            return Ok(Some(delivery));
         }
-        Ok((queue.claim_stale(worker, Duration::ZERO).await?, true))
-    }
-
-    /// Lets a lease run out now (the harness's clock), through the admin connection.
-    async fn expire_lease(&self, idempotency_key: &str) -> Result<bool> {
-        let mut redis = self.admin.redis.clone();
-        let deleted: i64 = redis::cmd("DEL")
-            .arg(self.pipeline.keys.lease(idempotency_key))
-            .query_async(&mut redis)
-            .await?;
-        Ok(deleted == 1)
-    }
-
-    fn controller_input(&self, request_id: &str) -> Option<String> {
-        // Inputs are not stored in the jobs table; the case knows them.
-        self.requests
-            .iter()
-            .position(|r| r.request_id == request_id)
-            .and_then(|i| self.inputs.get(i).cloned())
+        let redelivery = queue.claim_stale(worker, Duration::ZERO).await?;
+        if let Some(delivery) = &redelivery {
+            self.recorder.observe(Observation::Redelivered {
+                worker: worker.to_owned(),
+                key: delivery.job.idempotency_key.clone(),
+                receive_count: delivery.receive_count,
+            });
+        }
+        Ok(redelivery)
     }
 
     async fn finish(self) -> Result<CaseResult> {
-        self.recorder.collect_log(&self.pipeline.log);
-        let pg = &self.admin.pg;
-        let prefix = self.pipeline.keys.prefix();
+        let admin = self.plane.services.admin();
         let history = crate::history::collect(
             self.controller.bed,
-            pg,
-            prefix,
+            &admin.pg,
+            self.pipeline.keys.prefix(),
             self.recorder.events(),
             self.requests.clone(),
         )
         .await?;
-        let mut coverage = self.coverage.clone();
-        let upstream_failures = history.with_status(Status::UpstreamFailed).count() as u32;
-        for (kind, marker) in [
-            (FaultKind::UpstreamTimeout, "upstream_slow"),
-            (FaultKind::BackendFailure, "backend_failing"),
-        ] {
-            let applied = history
-                .events
-                .iter()
-                .filter(|e| matches!(&e.kind, EventKind::Fault { what, .. } if what == marker))
-                .count() as u32;
-            if applied > 0 {
-                let entry = coverage.faults.entry(kind).or_insert((0, 0));
-                entry.0 += applied;
-                entry.1 += upstream_failures.min(applied);
-            }
-        }
-        let violations = check(&history, &self.controller.settings.invariants);
-        Ok(CaseResult {
+        Ok(CaseResult::judge(
             history,
-            violations,
-            coverage,
-        })
-    }
-}
-
-trait ParkedAt {
-    fn is_some_and_at_least(&self, at: Checkpoint) -> bool;
-}
-
-impl ParkedAt for Option<Arrival> {
-    fn is_some_and_at_least(&self, at: Checkpoint) -> bool {
-        self.as_ref().is_some_and(|a| a.at >= at)
+            &self.controller.settings.invariants,
+        ))
     }
 }

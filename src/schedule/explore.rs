@@ -9,7 +9,8 @@
 //! [`explore`] from a blocking thread (e.g. `tokio::task::spawn_blocking`) with a runtime handle.
 
 use crate::check::Violation;
-use crate::schedule::controlled::{CaseResult, Controller, Coverage};
+use crate::check::coverage::Coverage;
+use crate::schedule::controlled::{CaseResult, Controller};
 use crate::schedule::{Schedule, ScheduleSpace};
 use crate::{Error, Result};
 use futures::StreamExt;

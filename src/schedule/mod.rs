@@ -8,25 +8,19 @@
 //! clock). After the last step the case heals every fault, lets parked workers finish, lets every
 //! lease run out and drains the queue, so "no lost job" is judged on a settled system.
 
+mod arrivals;
 pub mod chaos;
 pub mod controlled;
 pub mod explore;
-pub mod external;
+pub mod fleet;
+pub mod plane;
 
+use crate::contract::checkpoint::Checkpoint;
+pub use crate::contract::worker::WorkerSpec;
 use crate::fault::{Fault, FaultKind, PartitionTarget};
-use crate::reference::checkpoints::Checkpoint;
 use proptest::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::fmt;
-
-/// One worker of a case.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WorkerSpec {
-    /// Worker id, e.g. `worker-a`.
-    pub id: String,
-    /// The version it is bound to.
-    pub version: String,
-}
 
 /// One step of a schedule.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]

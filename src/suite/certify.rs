@@ -2,8 +2,8 @@
 //! schedules against the worker under test, and collects a [`Report`]. Blocking (it drives the
 //! synchronous proptest runner): call it from a thread that is not a runtime worker.
 
+use crate::contract::defect::Defects;
 use crate::env::TestBed;
-use crate::reference::defects::Defects;
 use crate::report::{Report, SuiteOutcome};
 use crate::schedule::controlled::Controller;
 use crate::schedule::explore::{ExploreConfig, Progress, explore};
@@ -175,19 +175,19 @@ pub async fn certify_external(
     defects: &Defects,
     progress: impl Fn(u32),
 ) -> Result<SuiteOutcome> {
-    use crate::schedule::external::{ExternalSettings, run_external};
+    use crate::schedule::fleet::{FleetSettings, run_fleet};
     if rounds == 0 {
         return Err(Error::Config("--rounds must be at least 1".into()));
     }
     let started = std::time::Instant::now();
-    let mut coverage = crate::schedule::controlled::Coverage::default();
+    let mut coverage = crate::check::coverage::Coverage::default();
     let mut outcome = None;
     let mut ran = 0;
-    let mut settings = ExternalSettings::mixed_fleet(command, seed);
+    let mut settings = FleetSettings::mixed_fleet(command, seed);
     for round in 0..rounds {
-        settings = ExternalSettings::mixed_fleet(command, seed + u64::from(round));
+        settings = FleetSettings::mixed_fleet(command, seed + u64::from(round));
         settings.defects = defects.clone();
-        let result = run_external(bed, &settings).await?;
+        let result = run_fleet(bed, &settings).await?;
         ran += 1;
         progress(ran);
         coverage.merge(&result.case.coverage);

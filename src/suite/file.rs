@@ -3,9 +3,9 @@
 //! expected. Nothing runs until every given file is valid.
 
 use crate::check::Invariant;
+use crate::contract::defect::Defects;
 use crate::fault::FaultKind;
 use crate::reference::ReferenceFactory;
-use crate::reference::defects::Defects;
 use crate::schedule::controlled::CaseSettings;
 use crate::schedule::{ScheduleSpace, WorkerSpec};
 use crate::suite::Suite;

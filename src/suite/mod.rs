@@ -5,8 +5,8 @@
 pub mod certify;
 pub mod file;
 
+use crate::contract::defect::Defects;
 use crate::fault::FaultKind;
-use crate::reference::defects::Defects;
 use crate::schedule::ScheduleSpace;
 use crate::schedule::controlled::CaseSettings;
 

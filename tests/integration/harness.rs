@@ -3,12 +3,12 @@
 //! steps.
 
 use racecert::check::Invariant;
+use racecert::contract::checkpoint::Checkpoint;
+use racecert::contract::defect::{Defect, Defects};
 use racecert::contract::log::Status;
 use racecert::env::TestBed;
 use racecert::fault::Fault;
 use racecert::history::{EventKind, History};
-use racecert::reference::checkpoints::Checkpoint;
-use racecert::reference::defects::{Defect, Defects};
 use racecert::schedule::controlled::{CaseSettings, Controller};
 use racecert::schedule::explore::{ExploreConfig, explore};
 use racecert::schedule::{RequestSpec, Schedule, Step};

@@ -12,8 +12,8 @@ mod backends;
 mod cleanup;
 mod cli;
 mod external;
-mod external_workers;
 mod fenced_write;
+mod fleet;
 mod harness;
 mod lease;
 mod pipeline;
@@ -72,7 +72,7 @@ fn main() -> std::process::ExitCode {
         replay::tests(),
         restart::tests(),
         external::tests(),
-        external_workers::tests(),
+        fleet::tests(),
         cleanup::tests(),
         cli::tests(),
     ]

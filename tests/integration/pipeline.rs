@@ -2,13 +2,13 @@
 //! with checkpoints and a backend delay, and one hand-written interleaving per defect, run with
 //! the defect on (it produces its bad outcome) and off (it stays correct).
 
+use racecert::contract::checkpoint::{Checkpoint, Gate};
+use racecert::contract::defect::{Defect, Defects};
+use racecert::contract::delivery::Delivery;
 use racecert::contract::log::LogSink;
 use racecert::contract::{model_output, output_version};
 use racecert::env::TestBed;
 use racecert::env::backends::Behaviour;
-use racecert::reference::checkpoints::{Checkpoint, Gate};
-use racecert::reference::defects::{Defect, Defects};
-use racecert::reference::queue::Delivery;
 use racecert::reference::submit::InferenceRequest;
 use racecert::reference::worker::{Outcome, Worker};
 use racecert::reference::{JobRow, Pipeline};

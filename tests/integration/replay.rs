@@ -1,9 +1,9 @@
 //! `racecert replay`: incident logs become schedules that run on the real test bed.
 
 use racecert::check::Invariant;
+use racecert::contract::defect::{Defect, Defects};
 use racecert::contract::log::Status;
 use racecert::env::TestBed;
-use racecert::reference::defects::{Defect, Defects};
 use racecert::replay::{Race, analyse, replay_on, seed_log};
 use std::collections::BTreeSet;
 
@@ -38,7 +38,7 @@ async fn the_seed_log_replays_and_only_the_unfenced_worker_overwrites(
             .result
             .history
             .with_status(Status::LateWriteRejected)
-            .any(|e| e.field("worker_id") == Some("worker-a")),
+            .any(|e| e.field("worker_id").as_deref() == Some("worker-a")),
         "worker-a's late write must be rejected:\n{}",
         reference.result.history.timeline()
     );

@@ -1,4 +1,4 @@
-//! Where the reference pipeline's log lines go: kept in memory for the checkers and tests, echoed
+//! Where a worker's log lines go: kept in memory for the checkers and tests, echoed
 //! as logfmt or JSON when asked, and mirrored as `tracing` events with the same fields.
 
 use super::{Level, LogLine, timestamp_now};
@@ -15,11 +15,24 @@ pub enum Echo {
     Json,
 }
 
+/// Called with every line as it is emitted (a recorder keeps them in real order with faults).
+pub type Listener = Arc<dyn Fn(&LogLine) + Send + Sync>;
+
 /// A shared, append-only log of lines.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct LogSink {
     lines: Arc<Mutex<Vec<LogLine>>>,
     echo: Echo,
+    listener: Option<Listener>,
+}
+
+impl std::fmt::Debug for LogSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogSink")
+            .field("echo", &self.echo)
+            .field("listened", &self.listener.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for LogSink {
@@ -34,6 +47,15 @@ impl LogSink {
         LogSink {
             lines: Arc::new(Mutex::new(Vec::new())),
             echo,
+            listener: None,
+        }
+    }
+
+    /// An empty log that also hands every line to `listener` as it is emitted.
+    pub fn with_listener(echo: Echo, listener: Listener) -> LogSink {
+        LogSink {
+            listener: Some(listener),
+            ..LogSink::new(echo)
         }
     }
 
@@ -50,7 +72,12 @@ impl LogSink {
             Echo::Json => println!("{}", line.to_json()),
         }
         tracing::debug!(target: "racecert::worker", line = %line.to_logfmt());
-        self.lines.lock().expect("poisoned").push(line);
+        // Under the lines' lock, so listeners see lines in the order the sink keeps them.
+        let mut lines = self.lines.lock().expect("poisoned");
+        if let Some(listener) = &self.listener {
+            listener(&line);
+        }
+        lines.push(line);
     }
 
     /// Every line so far.

@@ -25,45 +25,51 @@ pub enum ToxicKind {
     #[serde(rename = "latency")]
     Latency {
         /// Latency to be added, in milliseconds
+        #[serde(default)]
         latency: u64,
         /// Jitter to be added to the latency, also in milliseconds
-        #[serde(default = "default_zero")]
+        #[serde(default)]
         jitter: u64,
     },
     /// Stops any data from flowing through, and will close the connection after a timeout
     #[serde(rename = "timeout")]
     Timeout {
         /// in milliseconds
+        #[serde(default)]
         timeout: u64,
     },
     /// Passes data through at a limited rate
     #[serde(rename = "bandwidth")]
     Bandwidth {
         /// in KB/S
+        #[serde(default)]
         rate: u64,
     },
     /// Stops the TCP connection from closing until after a delay
     #[serde(rename = "slow_close")]
     SlowClose {
         /// in milliseconds
+        #[serde(default)]
         delay: u64,
     },
     /// Slices data into multiple smaller packets
     #[serde(rename = "slicer")]
     Slicer {
         /// Average number of bytes to slice at
+        #[serde(default)]
         average_size: u64,
         /// +/- bytes to vary sliced amounts. Must be less than the average size
-        #[serde(default = "default_zero")]
+        #[serde(default)]
         size_variation: u64,
         /// Microseconds to delay each packet.
-        #[serde(default = "default_zero")]
+        #[serde(default)]
         delay: u64,
     },
     /// Adds a limit of bytes transferred to the proxy session
     #[serde(rename = "limit_data")]
     LimitData {
         /// the limit
+        #[serde(default)]
         bytes: u64,
     },
     /// Resets the connection (TCP RST, "connection reset by peer") once data flows in the toxic's
@@ -72,7 +78,7 @@ pub enum ToxicKind {
     #[serde(rename = "reset_peer")]
     ResetPeer {
         /// in milliseconds
-        #[serde(default = "default_zero")]
+        #[serde(default)]
         timeout: u64,
     },
 }
@@ -128,10 +134,6 @@ fn default_toxicity() -> f32 {
 
 fn default_direction() -> StreamDirection {
     StreamDirection::Downstream
-}
-
-fn default_zero() -> u64 {
-    0
 }
 
 impl fmt::Display for StreamDirection {

@@ -1,8 +1,8 @@
 //! Certifying workers racecert did not write, from the outside: worker processes under the
 //! contract's environment, with SIGKILL, SIGSTOP/SIGCONT and rolling restarts.
 
+use racecert::contract::defect::{Defect, Defects};
 use racecert::env::TestBed;
-use racecert::reference::defects::{Defect, Defects};
 use racecert::report::SuiteOutcome;
 use racecert::suite::certify::certify_external;
 

@@ -1,24 +1,25 @@
-//! Certifying a worker racecert did not write: worker *processes* started from a command, each
-//! given the contract's environment (docs/contract.md) pointing at the case's proxied services,
-//! and process faults on top of the network and backend ones: SIGKILL (crash, then restart),
-//! SIGSTOP/SIGCONT (a pause longer than the lease TTL, the seed's "slow, not dead" attempt), and a
-//! rolling restart onto the new model version with a cutover. The workers' stdout is their log
-//! (read with the replay parser); the audit trigger and the backend journals judge them anyway.
-//! Every run ends within its time budget with a verdict; no process outlives it.
+//! The fleet runner: certifies a worker racecert did not write, as *processes* started from a
+//! command, each given the contract's environment (docs/contract.md) pointing at the case's
+//! proxied services, with process faults on top of the network and backend ones: SIGKILL (crash,
+//! then restart), SIGSTOP/SIGCONT (a pause longer than the lease TTL, the seed's "slow, not dead"
+//! attempt), and a rolling restart onto the new model version with a cutover. The workers' stdout
+//! is their log, recorded line by line as it arrives; the audit trigger and the backend journals
+//! judge them anyway. Every run ends within its time budget with a verdict; no process outlives it.
 
-use crate::check::{Invariant, check};
+use crate::check::Invariant;
 use crate::contract::Keys;
-use crate::contract::log::LogSink;
-use crate::contract::log::Status;
+use crate::contract::defect::Defects;
+use crate::contract::log::{Echo, parse::parse_line};
+use crate::contract::worker::Infra;
 use crate::env::TestBed;
-use crate::fault::FaultKind;
-use crate::history::{Event, EventKind, read_jobs};
+use crate::fault::{Fault, FaultKind, PartitionTarget, apply};
+use crate::history::{EventKind, Observation, Recorder, read_jobs};
 use crate::reference::Pipeline;
-use crate::reference::defects::Defects;
 use crate::reference::process::WorkerEnv;
-use crate::reference::worker::Infra;
 use crate::schedule::WorkerSpec;
-use crate::schedule::controlled::{CaseResult, Coverage};
+use crate::schedule::arrivals::Arrivals;
+use crate::schedule::controlled::CaseResult;
+use crate::schedule::plane::{CasePlane, Services, Workers};
 use crate::{Error, Result};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -30,9 +31,9 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-/// Settings of an external run.
+/// Settings of a fleet run.
 #[derive(Debug, Clone)]
-pub struct ExternalSettings {
+pub struct FleetSettings {
     /// The command that starts one worker (run with `sh -c`).
     pub command: String,
     /// Workers to start (id and version).
@@ -62,14 +63,14 @@ pub struct ExternalSettings {
     pub backend_timeout: Duration,
 }
 
-impl ExternalSettings {
-    /// Two v1 and two v2 workers of `command`, every process fault, 6 seconds.
-    pub fn mixed_fleet(command: &str, seed: u64) -> ExternalSettings {
+impl FleetSettings {
+    /// Two v1 and two v2 workers of `command`, every process fault, 8 seconds.
+    pub fn mixed_fleet(command: &str, seed: u64) -> FleetSettings {
         let worker = |id: &str, version: &str| WorkerSpec {
             id: id.into(),
             version: version.into(),
         };
-        ExternalSettings {
+        FleetSettings {
             command: command.to_owned(),
             workers: vec![
                 worker("worker-a", "v1"),
@@ -105,33 +106,13 @@ impl ExternalSettings {
     }
 }
 
-/// The result of an external run: the checked case, and each worker process's output.
+/// The result of a fleet run: the checked case, and each worker process's output.
 #[derive(Debug, Clone)]
-pub struct ExternalResult {
+pub struct FleetResult {
     /// History, violations, coverage.
     pub case: CaseResult,
     /// Per process (`worker-a#1`, ...): its stdout and stderr.
     pub outputs: BTreeMap<String, (String, String)>,
-}
-
-/// Events in arrival order, from worker stdout readers and the fault loop alike.
-#[derive(Clone, Default)]
-struct Timeline(Arc<Mutex<Vec<EventKind>>>);
-
-impl Timeline {
-    fn push(&self, kind: EventKind) {
-        self.0.lock().expect("poisoned").push(kind);
-    }
-
-    fn fault(&self, what: &str, fields: &[(&str, String)]) {
-        self.push(EventKind::Fault {
-            what: what.to_owned(),
-            fields: fields
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), v.clone()))
-                .collect(),
-        });
-    }
 }
 
 type Outputs = Arc<Mutex<BTreeMap<String, (String, String)>>>;
@@ -142,15 +123,20 @@ struct Proc {
     child: Child,
 }
 
-struct Fleet<'a> {
-    settings: &'a ExternalSettings,
+/// The fleet's processes: started from the command, one process group each.
+struct Processes {
+    command: String,
+    /// The contract's environment per version (worker id and version filled per start).
     env: BTreeMap<String, WorkerEnv>,
-    timeline: Timeline,
+    recorder: Arc<Recorder>,
     outputs: Outputs,
     starts: u32,
+    procs: Vec<Proc>,
+    /// The output readers: each ends when its process's pipe closes.
+    readers: Vec<tokio::task::JoinHandle<()>>,
 }
 
-impl Fleet<'_> {
+impl Processes {
     fn start(&mut self, spec: &WorkerSpec) -> Result<Proc> {
         let env = self
             .env
@@ -168,7 +154,7 @@ impl Fleet<'_> {
         command
             .arg("-c")
             // exec: the worker itself is the child, so waiting on it waits on the worker.
-            .arg(format!("exec {}", self.settings.command))
+            .arg(format!("exec {}", self.command))
             .envs(env.vars())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
@@ -179,29 +165,29 @@ impl Fleet<'_> {
             .process_group(0);
         let mut child = command
             .spawn()
-            .map_err(|err| Error::io(format!("start worker `{}`", self.settings.command), err))?;
-        let stdout = child.stdout.take();
-        let stderr = child.stderr.take();
-        let (timeline, outputs, key) = (self.timeline.clone(), self.outputs.clone(), label.clone());
-        if let Some(stdout) = stdout {
-            tokio::spawn(async move {
+            .map_err(|err| Error::io(format!("start worker `{}`", self.command), err))?;
+        if let Some(stdout) = child.stdout.take() {
+            let (recorder, outputs, key) =
+                (self.recorder.clone(), self.outputs.clone(), label.clone());
+            self.readers.push(tokio::spawn(async move {
                 let mut lines = BufReader::new(stdout).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
-                    if let Ok(parsed) = crate::contract::log::parse::parse_line(&line)
+                    // Recorded the moment it arrives, among the faults: real order.
+                    if let Ok(parsed) = parse_line(&line)
                         && parsed.get("worker_id").is_some()
                     {
-                        timeline.push(EventKind::Worker(parsed));
+                        recorder.line(parsed);
                     }
                     let mut outputs = outputs.lock().expect("poisoned");
                     let entry = outputs.entry(key.clone()).or_default();
                     entry.0.push_str(&line);
                     entry.0.push('\n');
                 }
-            });
+            }));
         }
-        let (outputs, key) = (self.outputs.clone(), label.clone());
-        if let Some(stderr) = stderr {
-            tokio::spawn(async move {
+        if let Some(stderr) = child.stderr.take() {
+            let (outputs, key) = (self.outputs.clone(), label.clone());
+            self.readers.push(tokio::spawn(async move {
                 let mut lines = BufReader::new(stderr).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
                     let mut outputs = outputs.lock().expect("poisoned");
@@ -209,37 +195,67 @@ impl Fleet<'_> {
                     entry.1.push_str(&line);
                     entry.1.push('\n');
                 }
-            });
+            }));
         }
-        self.timeline.fault(
-            "worker_started",
-            &[
-                ("worker_id", spec.id.clone()),
-                ("model_version", spec.version.clone()),
-            ],
-        );
+        self.recorder.observe(Observation::WorkerStarted {
+            worker: spec.id.clone(),
+            version: spec.version.clone(),
+        });
         Ok(Proc {
             spec: spec.clone(),
             child,
         })
     }
+
+    /// Replaces process `index` by a fresh one of `spec`.
+    fn restart(&mut self, index: usize, spec: &WorkerSpec) -> Result<()> {
+        let fresh = self.start(spec)?;
+        self.procs[index] = fresh;
+        Ok(())
+    }
+
+    /// The index of a worker whose latest log line says it holds a job (taken, not released).
+    fn mid_job(&self) -> Option<usize> {
+        let events = self.recorder.events();
+        self.procs.iter().position(|proc| {
+            events
+                .iter()
+                .rev()
+                .find_map(|event| match &event.kind {
+                    EventKind::Worker(line)
+                        if line.get("worker_id") == Some(proc.spec.id.as_str()) =>
+                    {
+                        line.status_word()
+                    }
+                    _ => None,
+                })
+                .is_some_and(|status| status.is_mid_job())
+        })
+    }
 }
 
-/// A worker whose latest log line says it holds a job (taken, not yet released).
-fn in_flight(timeline: &Timeline, procs: &[Proc]) -> Option<usize> {
-    let events = timeline.0.lock().expect("poisoned");
-    procs.iter().position(|proc| {
-        let last = events.iter().rev().find_map(|event| match event {
-            EventKind::Worker(line) if line.get("worker_id") == Some(proc.spec.id.as_str()) => {
-                line.status().map(str::to_owned)
-            }
-            _ => None,
-        });
-        matches!(
-            last.as_deref(),
-            Some("job_taken" | "cache_miss" | "inference_started" | "timeout_waiting_upstream")
-        )
-    })
+impl Workers for Processes {
+    fn id(&self, worker: usize) -> String {
+        self.procs[worker % self.procs.len()].spec.id.clone()
+    }
+
+    async fn crash(&mut self, worker: usize) -> Result<Option<Option<String>>> {
+        let index = worker % self.procs.len();
+        signal(&self.procs[index], Signal::SIGKILL);
+        let _ = self.procs[index].child.wait().await;
+        // A crashed process is restarted, as a supervisor would.
+        let spec = self.procs[index].spec.clone();
+        self.restart(index, &spec)?;
+        Ok(Some(None))
+    }
+
+    async fn pause(&mut self, worker: usize, pause: Duration) -> Result<bool> {
+        let proc = &self.procs[worker % self.procs.len()];
+        signal(proc, Signal::SIGSTOP);
+        tokio::time::sleep(pause).await;
+        signal(proc, Signal::SIGCONT);
+        Ok(true)
+    }
 }
 
 fn signal(proc: &Proc, signal: Signal) {
@@ -268,10 +284,10 @@ async fn stop(proc: &mut Proc, grace: Duration) {
 }
 
 /// Runs the worker command as a fleet on `bed` and checks what happened.
-pub async fn run_external(bed: &TestBed, settings: &ExternalSettings) -> Result<ExternalResult> {
+pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetResult> {
     if settings.workers.is_empty() || settings.command.trim().is_empty() {
         return Err(Error::Config(
-            "an external run needs a worker command and workers".into(),
+            "a fleet run needs a worker command and workers".into(),
         ));
     }
     let started = Instant::now();
@@ -285,7 +301,6 @@ pub async fn run_external(bed: &TestBed, settings: &ExternalSettings) -> Result<
     let keys = Keys::namespaced(&namespace);
     // Faults touch this run only: proxies of its own for Redis, Postgres and each backend.
     let links = bed.case_links(true).await?;
-    let (redis_proxy, pg_proxy, backend_proxies) = (&links.redis, &links.postgres, &links.backends);
     let mut envs = BTreeMap::new();
     for version in bed.versions() {
         envs.insert(
@@ -305,47 +320,64 @@ pub async fn run_external(bed: &TestBed, settings: &ExternalSettings) -> Result<
             },
         );
     }
-    let admin = Infra::connect(&bed.redis_url(), &bed.database_url()).await?;
-    let log = LogSink::default();
-    let mut api = Pipeline::with_infra(admin.clone(), keys.clone(), BTreeMap::new(), log.clone())
-        .await?
-        .api;
-    let timeline = Timeline::default();
-    let mut fleet = Fleet {
-        settings,
+    let versions: Vec<String> = links.backends.keys().cloned().collect();
+    let workers_infra = Infra::connect(links.redis_url(), links.database_url()).await?;
+    let admin = Infra::connect_harness(&bed.redis_url(), &bed.database_url()).await?;
+    let recorder = Recorder::new();
+    let mut api = Pipeline::with_infra(
+        admin.clone(),
+        keys.clone(),
+        BTreeMap::new(),
+        recorder.log_sink(Echo::Off),
+    )
+    .await?
+    .api;
+    let mut processes = Processes {
+        command: settings.command.clone(),
         env: envs,
-        timeline: timeline.clone(),
+        recorder: recorder.clone(),
         outputs: Arc::default(),
         starts: 0,
+        procs: Vec::new(),
+        readers: Vec::new(),
     };
-    let mut procs = Vec::new();
     for spec in &settings.workers {
-        procs.push(fleet.start(spec)?);
+        let proc = processes.start(spec)?;
+        processes.procs.push(proc);
     }
-    // Slow backends keep attempts in flight long enough for pauses and crashes to land mid-job.
-    // The delay is the backend's own (a wiremock program), not a latency toxic: the noxious
-    // engine drops bytes still held by a delaying toxic when the server closes the connection,
-    // and clients that send `Connection: close` (Python's urllib) would get empty replies.
-    let mut slow = BTreeMap::new();
-    for version in backend_proxies.keys() {
-        let guard = bed
-            .backend(version)?
-            .program(
-                keys.prefix(),
-                crate::env::backends::Behaviour::Delay(Duration::from_millis(350)),
-            )
-            .await?;
-        slow.insert(version.clone(), guard);
+    // Slow backends keep attempts in flight long enough for pauses and crashes to land mid-job:
+    // a setting of the run, not a fault.
+    let mut slow = Vec::new();
+    for version in &versions {
+        slow.push(
+            bed.backend(version)?
+                .program(
+                    keys.prefix(),
+                    crate::env::backends::Behaviour::Delay(Duration::from_millis(350)),
+                )
+                .await?,
+        );
     }
+    let mut plane = CasePlane {
+        services: Services::new(
+            bed,
+            keys.clone(),
+            admin.clone(),
+            workers_infra,
+            Some(links),
+            settings.defects.clone(),
+            settings.backend_timeout,
+        ),
+        workers: processes,
+    };
 
     let mut rng = StdRng::seed_from_u64(settings.seed);
-    let mut arrivals = crate::schedule::chaos::Arrivals::new(
+    let mut arrivals = Arrivals::new(
         settings.requests,
         settings.inputs,
         settings.duration.mul_f64(0.7),
         &mut rng,
     );
-    let mut coverage = Coverage::default();
     let last_version = settings
         .workers
         .iter()
@@ -353,31 +385,32 @@ pub async fn run_external(bed: &TestBed, settings: &ExternalSettings) -> Result<
         .max()
         .unwrap_or_default();
     let mut rolled = !settings.faults.contains(&FaultKind::Cutover);
+    let mut step = 0;
     while started.elapsed() < settings.duration || arrivals.pending() {
         tokio::time::sleep(Duration::from_millis(rng.random_range(100..300))).await;
-        arrivals.submit_due(started.elapsed(), &mut api).await?;
+        let fresh = arrivals.submit_due(started.elapsed(), &mut api).await?;
+        plane.services.requests.extend(fresh);
         if !rolled && started.elapsed() >= settings.duration / 2 {
             // Rolling rollout: the pointer switches, then each older worker drains and comes back
             // on the new version.
-            let mut redis = admin.redis.clone();
-            crate::reference::cutover::cutover(
-                &mut redis,
-                &keys,
-                &last_version,
-                &settings.defects,
-                &log,
-            )
-            .await?;
-            timeline.fault("cutover", &[("new_model_version", last_version.clone())]);
-            for proc in procs.iter_mut().filter(|p| p.spec.version != last_version) {
-                stop(proc, settings.backend_timeout * 3).await;
+            step += 1;
+            let cutover = Fault::Cutover {
+                to: last_version.clone(),
+            };
+            recorder.step(step, format!("rolling restart: {cutover}"));
+            recorder.fault(apply(&cutover, &mut plane).await?);
+            let processes = &mut plane.workers;
+            for index in 0..processes.procs.len() {
+                if processes.procs[index].spec.version == last_version {
+                    continue;
+                }
+                stop(&mut processes.procs[index], settings.backend_timeout * 3).await;
                 let spec = WorkerSpec {
-                    id: proc.spec.id.clone(),
+                    id: processes.procs[index].spec.id.clone(),
                     version: last_version.clone(),
                 };
-                *proc = fleet.start(&spec)?;
+                processes.restart(index, &spec)?;
             }
-            coverage.applied_kind(FaultKind::Cutover, true);
             rolled = true;
             continue;
         }
@@ -385,30 +418,23 @@ pub async fn run_external(bed: &TestBed, settings: &ExternalSettings) -> Result<
             continue;
         }
         let kind = settings.faults[rng.random_range(0..settings.faults.len())];
-        let index = rng.random_range(0..procs.len());
-        match kind {
-            FaultKind::WorkerCrash => {
-                let proc = &mut procs[index];
-                signal(proc, Signal::SIGKILL);
-                let _ = proc.child.wait().await;
-                timeline.fault("worker_crashed", &[("worker_id", proc.spec.id.clone())]);
-                let spec = proc.spec.clone();
-                *proc = fleet.start(&spec)?;
-                coverage.applied_kind(kind, true);
-            }
+        let worker = rng.random_range(0..settings.workers.len());
+        let version = versions[rng.random_range(0..versions.len())].clone();
+        // Each fault, and how long it lasts before it is undone (real time).
+        let plan: Vec<(Fault, Duration)> = match kind {
+            FaultKind::WorkerCrash => vec![(Fault::CrashWorker { worker }, Duration::ZERO)],
             FaultKind::LeaseExpiry => {
                 // Paused past its lease TTL and the visibility timeout: its job goes to another
                 // worker, then it wakes up and carries on as if nothing happened. The pause is
                 // aimed at a worker that is mid-job (its log says so), waiting briefly for one.
                 let mut target = None;
                 for _ in 0..25 {
-                    target = in_flight(&timeline, &procs);
+                    target = plane.workers.mid_job();
                     if target.is_some() {
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                let proc = &procs[target.unwrap_or(index)];
                 // Long enough for the redelivery and another worker's whole attempt, short
                 // enough that the paused call has not timed out when it wakes up.
                 let pause = (settings.visibility_timeout + Duration::from_millis(800)).min(
@@ -416,86 +442,78 @@ pub async fn run_external(bed: &TestBed, settings: &ExternalSettings) -> Result<
                         .backend_timeout
                         .saturating_sub(Duration::from_millis(500)),
                 );
-                signal(proc, Signal::SIGSTOP);
-                timeline.fault(
-                    "worker_paused",
-                    &[
-                        ("worker_id", proc.spec.id.clone()),
-                        ("ms", pause.as_millis().to_string()),
-                    ],
-                );
-                tokio::time::sleep(pause).await;
-                signal(proc, Signal::SIGCONT);
-                // Its lease is gone for the checkers too: the pause outlived the TTL.
-                for request in &arrivals.submitted {
-                    timeline.fault(
-                        "lease_expired",
-                        &[("idempotency_key", request.idempotency_key.clone())],
-                    );
-                }
-                timeline.fault("worker_resumed", &[("worker_id", proc.spec.id.clone())]);
-                coverage.applied_kind(kind, true);
+                vec![(
+                    Fault::PauseWorker {
+                        worker: target.unwrap_or(worker),
+                        ms: pause.as_millis() as u64,
+                    },
+                    Duration::ZERO,
+                )]
             }
-            FaultKind::UpstreamTimeout => {
-                let versions: Vec<&String> = backend_proxies.keys().collect();
-                let version = versions[rng.random_range(0..versions.len())].clone();
-                // Newest program wins: slower than the workers' timeout for a while.
-                let timeout = bed
-                    .backend(&version)?
-                    .program(
-                        keys.prefix(),
-                        crate::env::backends::Behaviour::Delay(
-                            settings.backend_timeout + Duration::from_millis(300),
-                        ),
-                    )
-                    .await?;
-                timeline.fault("upstream_slow", &[("model_version", version.clone())]);
-                tokio::time::sleep(settings.backend_timeout).await;
-                drop(timeout);
-                coverage.faults.entry(kind).or_insert((0, 0)).0 += 1;
-            }
+            FaultKind::UpstreamTimeout => vec![
+                (
+                    Fault::UpstreamTimeout {
+                        version: version.clone(),
+                    },
+                    settings.backend_timeout,
+                ),
+                (Fault::RecoverBackend { version }, Duration::ZERO),
+            ],
             FaultKind::Partition => {
-                let (proxy, target) = if rng.random_bool(0.5) {
-                    (redis_proxy, "Redis")
+                let target = if rng.random_bool(0.5) {
+                    PartitionTarget::Redis
                 } else {
-                    (pg_proxy, "Postgres")
+                    PartitionTarget::Postgres
                 };
-                proxy.disable().await?;
-                timeline.fault("partition", &[("target", target.into())]);
-                tokio::time::sleep(Duration::from_millis(rng.random_range(100..400))).await;
-                proxy.enable().await?;
-                timeline.fault("heal", &[("target", target.into())]);
-                coverage.faults.entry(kind).or_insert((0, 0)).0 += 1;
+                vec![
+                    (
+                        Fault::Partition { target },
+                        Duration::from_millis(rng.random_range(100..400)),
+                    ),
+                    (Fault::Heal { target }, Duration::ZERO),
+                ]
             }
-            _ => {}
+            _ => Vec::new(),
+        };
+        for (fault, lasts) in plan {
+            step += 1;
+            recorder.step(step, fault.to_string());
+            recorder.fault(apply(&fault, &mut plane).await?);
+            tokio::time::sleep(lasts).await;
         }
         if Instant::now() > hard_deadline {
             break;
         }
     }
 
-    let requests = std::mem::take(&mut arrivals.submitted);
     // Heal, then let the fleet finish the queue, bounded by the budget.
+    step += 1;
+    recorder.step(step, "drain: heal, let the fleet finish the queue".into());
+    recorder.observe(Observation::Draining);
     drop(slow);
-    redis_proxy.enable().await?;
-    pg_proxy.enable().await?;
-    timeline.fault("healed", &[]);
-    for proc in &procs {
-        signal(proc, Signal::SIGCONT);
-    }
-    // Workers declined by the cutover have drained and exited: bring them back on the active
-    // version so the drain has hands.
-    for proc in procs.iter_mut() {
-        if proc.child.try_wait().ok().flatten().is_some() {
+    plane.services.heal_all().await?;
+    let requests = std::mem::take(&mut arrivals.submitted);
+    let processes = &mut plane.workers;
+    for index in 0..processes.procs.len() {
+        signal(&processes.procs[index], Signal::SIGCONT);
+        // Workers declined by the cutover have drained and exited: bring them back on the
+        // active version so the drain has hands.
+        if processes.procs[index]
+            .child
+            .try_wait()
+            .ok()
+            .flatten()
+            .is_some()
+        {
             let spec = WorkerSpec {
-                id: proc.spec.id.clone(),
+                id: processes.procs[index].spec.id.clone(),
                 version: if rolled {
                     last_version.clone()
                 } else {
-                    proc.spec.version.clone()
+                    processes.procs[index].spec.version.clone()
                 },
             };
-            *proc = fleet.start(&spec)?;
+            processes.restart(index, &spec)?;
         }
     }
     let settled = loop {
@@ -503,7 +521,7 @@ pub async fn run_external(bed: &TestBed, settings: &ExternalSettings) -> Result<
         let open = requests.iter().any(|r| {
             jobs.iter()
                 .find(|j| j.idempotency_key == r.idempotency_key)
-                .is_none_or(|j| !matches!(j.status.as_str(), "SUCCEEDED" | "FAILED" | "CANCELLED"))
+                .is_none_or(|j| !j.status().is_ok_and(|s| s.is_terminal()))
         });
         if !open {
             break true;
@@ -513,54 +531,21 @@ pub async fn run_external(bed: &TestBed, settings: &ExternalSettings) -> Result<
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    timeline.fault("drained", &[("settled", settled.to_string())]);
-    for proc in procs.iter_mut() {
+    for proc in plane.workers.procs.iter_mut() {
         stop(proc, settings.backend_timeout * 2).await;
     }
-    // Let the readers take the last lines.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-
-    let mut events: Vec<Event> = Vec::new();
-    for line in log.lines() {
-        // The cutover line (written by the harness).
-        events.push(Event {
-            step: 0,
-            at_ms: 0,
-            kind: EventKind::Worker(line),
-        });
+    // Every process group is gone, so every pipe is closed: the readers take the last lines and
+    // end. (Bounded anyway: a reader must never hold the verdict.)
+    for reader in std::mem::take(&mut plane.workers.readers) {
+        let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
     }
-    events.extend(
-        timeline
-            .0
-            .lock()
-            .expect("poisoned")
-            .drain(..)
-            .map(|kind| Event {
-                step: 0,
-                at_ms: 0,
-                kind,
-            }),
-    );
-    let history = crate::history::collect(bed, &admin.pg, keys.prefix(), events, requests).await?;
-    let late = history.with_status(Status::LateWriteRejected).count()
-        + history.with_status(Status::LateSuccess).count();
-    let entry = coverage
-        .faults
-        .entry(FaultKind::LeaseExpiry)
-        .or_insert((0, 0));
-    entry.1 = entry.1.min(late as u32);
-    let failures = history.with_status(Status::UpstreamFailed).count() as u32;
-    if let Some(entry) = coverage.faults.get_mut(&FaultKind::UpstreamTimeout) {
-        entry.1 = failures.min(entry.0);
-    }
-    let violations = check(&history, &settings.invariants);
-    let outputs = fleet.outputs.lock().expect("poisoned").clone();
-    Ok(ExternalResult {
-        case: CaseResult {
-            history,
-            violations,
-            coverage,
-        },
+    recorder.observe(Observation::Drained { settled });
+    let mut history =
+        crate::history::collect(bed, &admin.pg, keys.prefix(), recorder.events(), requests).await?;
+    history.lease_ttl_ms = Some(settings.lease_ttl.as_millis() as u64);
+    let outputs = plane.workers.outputs.lock().expect("poisoned").clone();
+    Ok(FleetResult {
+        case: CaseResult::judge(history, &settings.invariants),
         outputs,
     })
 }

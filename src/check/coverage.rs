@@ -1,0 +1,292 @@
+//! Fault coverage, judged from the history alone: for every fault applied, whether it reached the
+//! path it targets (a lease that ran out while its holder was still working, a redelivery while
+//! another attempt ran, a crash of a worker holding a job, ...). Every runner gets the same
+//! judgement because it reads the one recorded history, not the runner's own bookkeeping.
+
+use crate::contract::log::Status;
+use crate::fault::{Effect, FaultKind, PartitionTarget};
+use crate::history::{EventKind, History, Observation};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// Fault kinds applied in a run, and how often each reached its target path.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Coverage {
+    /// kind -> (times applied, times it landed on its target path).
+    pub faults: BTreeMap<FaultKind, (u32, u32)>,
+}
+
+impl Coverage {
+    /// Records one application of a fault kind and whether it landed on its target path.
+    pub fn applied_kind(&mut self, kind: FaultKind, landed: bool) {
+        let entry = self.faults.entry(kind).or_insert((0, 0));
+        entry.0 += 1;
+        entry.1 += u32::from(landed);
+    }
+
+    /// Adds another run's coverage.
+    pub fn merge(&mut self, other: &Coverage) {
+        for (kind, (applied, landed)) in &other.faults {
+            let entry = self.faults.entry(*kind).or_insert((0, 0));
+            entry.0 += applied;
+            entry.1 += landed;
+        }
+    }
+
+    /// Times `kind` landed.
+    pub fn landed(&self, kind: FaultKind) -> u32 {
+        self.faults.get(&kind).map_or(0, |(_, landed)| *landed)
+    }
+}
+
+/// One attempt as the worker's lines tell it.
+#[derive(Debug, Default)]
+struct Attempt {
+    key: String,
+    leased: bool,
+    taken: bool,
+    /// Its final write was attempted (accepted or not).
+    wrote: bool,
+}
+
+impl Attempt {
+    /// Holding the job: leased (or taken) and not yet at its final write.
+    fn mid_job(&self) -> bool {
+        (self.leased || self.taken) && !self.wrote
+    }
+}
+
+/// Lasting faults whose landing is judged by what follows them.
+#[derive(Debug, Default)]
+struct Open {
+    /// Versions with a slow backend, and whether a call timed out since.
+    slow: HashMap<String, bool>,
+    /// Versions with a failing backend, and whether a call failed since.
+    failing: HashMap<String, bool>,
+    /// Cut links, and whether an operation failed since.
+    cut: HashMap<PartitionTarget, bool>,
+}
+
+/// The coverage of one run.
+pub fn coverage(history: &History) -> Coverage {
+    let mut coverage = Coverage::default();
+    let input_of: HashMap<&str, &str> = history
+        .requests
+        .iter()
+        .flat_map(|r| {
+            [
+                (r.request_id.as_str(), r.input.as_str()),
+                (r.idempotency_key.as_str(), r.input.as_str()),
+            ]
+        })
+        .collect();
+    let mut attempts: HashMap<String, Attempt> = HashMap::new();
+    let mut open = Open::default();
+    // Inputs whose cache entry some version wrote: (input, version).
+    let mut cached: HashSet<(String, String)> = HashSet::new();
+    // Since the last cutover (its target version): whether a read of an entry left by another
+    // version happened in the lag window.
+    let mut lag_window: Option<(String, bool)> = None;
+    let mut draining = false;
+    for event in &history.events {
+        match &event.kind {
+            EventKind::Harness(Observation::Draining) => {
+                draining = true;
+                close_open(&mut coverage, &mut open);
+            }
+            EventKind::Harness(Observation::AttemptError { worker, .. }) => {
+                attempts.remove(worker);
+                mark_cut(&mut open);
+            }
+            EventKind::Worker(line) => {
+                let Some(status) = line.status_word() else {
+                    continue;
+                };
+                let worker = line.get("worker_id").unwrap_or("-").to_owned();
+                let key = line.get("idempotency_key").unwrap_or("-").to_owned();
+                let version = line.get("model_version").unwrap_or("-").to_owned();
+                if status.is_receive() {
+                    let overlap = attempts
+                        .iter()
+                        .any(|(other, a)| *other != worker && a.key == key);
+                    if status == Status::RetryDispatched && !draining {
+                        coverage.applied_kind(FaultKind::RetryOverlap, overlap);
+                    }
+                    attempts.insert(
+                        worker,
+                        Attempt {
+                            key,
+                            ..Attempt::default()
+                        },
+                    );
+                    continue;
+                }
+                match status {
+                    Status::LeaseAcquired => {
+                        attempts.entry(worker).or_default().leased = true;
+                    }
+                    Status::JobTaken => {
+                        attempts.entry(worker).or_default().taken = true;
+                    }
+                    Status::InferenceSucceeded
+                    | Status::LateSuccess
+                    | Status::LateWriteRejected => {
+                        attempts.entry(worker).or_default().wrote = true;
+                    }
+                    Status::CacheWritten => {
+                        if let Some(input) = input_of
+                            .get(line.get("request_id").unwrap_or("-"))
+                            .or_else(|| input_of.get(key.as_str()))
+                        {
+                            cached.insert(((*input).to_owned(), version));
+                        }
+                    }
+                    Status::CacheHit | Status::CacheMiss => {
+                        if let Some((to, read)) = lag_window.as_mut()
+                            && version == *to
+                            && let Some(input) = input_of
+                                .get(line.get("request_id").unwrap_or("-"))
+                                .or_else(|| input_of.get(key.as_str()))
+                            && cached.iter().any(|(i, v)| i == input && v != to)
+                        {
+                            *read = true;
+                        }
+                    }
+                    Status::TimeoutWaitingUpstream | Status::UpstreamFailed => {
+                        if let Some(timed_out) = open.slow.get_mut(&version) {
+                            *timed_out = true;
+                        }
+                        if status == Status::UpstreamFailed
+                            && let Some(failed) = open.failing.get_mut(&version)
+                        {
+                            *failed = true;
+                        }
+                        if status == Status::UpstreamFailed {
+                            attempts.remove(&worker);
+                        }
+                    }
+                    Status::AttemptError => {
+                        attempts.remove(&worker);
+                        mark_cut(&mut open);
+                    }
+                    Status::DuplicateSkipped
+                    | Status::AlreadyCompleted
+                    | Status::VersionDeclined
+                    | Status::LeaseReleased
+                    | Status::LeaseLost => {
+                        attempts.remove(&worker);
+                    }
+                    _ => {}
+                }
+            }
+            EventKind::Fault(effect) => {
+                let counted = !draining;
+                match effect {
+                    Effect::LeaseExpired { key, held } => {
+                        let landed =
+                            *held && attempts.values().any(|a| a.key == *key && a.mid_job());
+                        if counted {
+                            coverage.applied_kind(FaultKind::LeaseExpiry, landed);
+                        }
+                    }
+                    Effect::WorkerPaused { worker, .. } => {
+                        let landed = attempts.get(worker).is_some_and(Attempt::mid_job);
+                        if counted {
+                            coverage.applied_kind(FaultKind::LeaseExpiry, landed);
+                        }
+                    }
+                    Effect::WorkerCrashed { worker, .. } => {
+                        let landed = attempts.remove(worker).is_some_and(|a| a.leased || a.taken);
+                        if counted {
+                            coverage.applied_kind(FaultKind::WorkerCrash, landed);
+                        }
+                    }
+                    Effect::RedisRestarted => {
+                        let landed = attempts.values().any(|a| a.leased && !a.wrote);
+                        if counted {
+                            coverage.applied_kind(FaultKind::RedisRestart, landed);
+                        }
+                    }
+                    Effect::CutOver { to, .. } => {
+                        let landed = attempts.values().any(|a| a.taken && !a.wrote);
+                        if counted {
+                            coverage.applied_kind(FaultKind::Cutover, landed);
+                        }
+                        lag_window = Some((to.clone(), false));
+                    }
+                    Effect::CacheInvalidated { .. } => {
+                        let landed = lag_window.take().is_some_and(|(_, read)| read);
+                        if counted {
+                            coverage.applied_kind(FaultKind::CacheInvalidationLag, landed);
+                        }
+                    }
+                    Effect::Partitioned { target } => {
+                        if counted {
+                            open.cut.insert(*target, false);
+                        }
+                    }
+                    Effect::Healed { target } => {
+                        if let Some(landed) = open.cut.remove(target) {
+                            coverage.applied_kind(FaultKind::Partition, landed);
+                        }
+                    }
+                    Effect::UpstreamSlow { version, .. } => {
+                        if counted {
+                            close_slow(&mut coverage, &mut open, version);
+                            open.slow.insert(version.clone(), false);
+                        }
+                    }
+                    Effect::BackendFailing { version, .. } => {
+                        if counted {
+                            close_failing(&mut coverage, &mut open, version);
+                            open.failing.insert(version.clone(), false);
+                        }
+                    }
+                    Effect::BackendRecovered { version } => {
+                        close_slow(&mut coverage, &mut open, version);
+                        close_failing(&mut coverage, &mut open, version);
+                    }
+                    Effect::Missed { kind, .. } => {
+                        if counted {
+                            coverage.applied_kind(*kind, false);
+                        }
+                    }
+                }
+            }
+            EventKind::Harness(_) | EventKind::Step(_) => {}
+        }
+    }
+    close_open(&mut coverage, &mut open);
+    coverage
+}
+
+/// An operation failed: every cut link reached its target path.
+fn mark_cut(open: &mut Open) {
+    for landed in open.cut.values_mut() {
+        *landed = true;
+    }
+}
+
+fn close_slow(coverage: &mut Coverage, open: &mut Open, version: &str) {
+    if let Some(landed) = open.slow.remove(version) {
+        coverage.applied_kind(FaultKind::UpstreamTimeout, landed);
+    }
+}
+
+fn close_failing(coverage: &mut Coverage, open: &mut Open, version: &str) {
+    if let Some(landed) = open.failing.remove(version) {
+        coverage.applied_kind(FaultKind::BackendFailure, landed);
+    }
+}
+
+/// Counts the lasting faults still open (the drain heals them).
+fn close_open(coverage: &mut Coverage, open: &mut Open) {
+    for (_, landed) in open.slow.drain() {
+        coverage.applied_kind(FaultKind::UpstreamTimeout, landed);
+    }
+    for (_, landed) in open.failing.drain() {
+        coverage.applied_kind(FaultKind::BackendFailure, landed);
+    }
+    for (_, landed) in open.cut.drain() {
+        coverage.applied_kind(FaultKind::Partition, landed);
+    }
+}

@@ -1,0 +1,84 @@
+//! Listen addresses as Toxiproxy takes them: Go-style `:port`, host names, and port 0 resolved to
+//! a concrete free port (below the kernel's ephemeral range) so a proxy keeps its port.
+
+use std::net::SocketAddr;
+
+use super::api::ApiError;
+
+/// Where a proxy listens when the client gives no listen address: any free loopback port.
+const DEFAULT_LISTEN: &str = "127.0.0.1:0";
+
+/// Toxiproxy takes Go-style ":8080" for all interfaces; an empty listen means a free loopback port.
+fn listen_spec(raw: &str) -> String {
+    let raw = raw.trim();
+    if raw.is_empty() {
+        DEFAULT_LISTEN.to_owned()
+    } else if raw.starts_with(':') {
+        format!("0.0.0.0{raw}")
+    } else {
+        raw.to_owned()
+    }
+}
+
+/// The addresses a listen spec may mean, IPv4 first (where "localhost" clients usually connect).
+async fn lookup_listen(raw: &str) -> Result<Vec<SocketAddr>, ApiError> {
+    let spec = listen_spec(raw);
+    if let Ok(addr) = spec.parse::<SocketAddr>() {
+        return Ok(vec![addr]);
+    }
+    let mut addrs: Vec<SocketAddr> = tokio::net::lookup_host(spec.as_str())
+        .await
+        .map_err(|err| ApiError::bad_request(format!("invalid listen address {raw:?}: {err}")))?
+        .collect();
+    addrs.sort_by_key(|addr| !addr.is_ipv4());
+    Ok(addrs)
+}
+
+/// A concrete address to listen on. Port 0 is resolved to a free port now, so that the proxy
+/// keeps its port across disable/enable and reports where clients should connect.
+pub(super) async fn resolve_listen(raw: &str) -> Result<SocketAddr, ApiError> {
+    let addr = lookup_listen(raw).await?.first().copied().ok_or_else(|| {
+        ApiError::bad_request(format!("listen address {raw:?} resolves to nothing"))
+    })?;
+    if addr.port() != 0 {
+        return Ok(addr);
+    }
+    // A disabled proxy has no listener, and the kernel hands ports of its ephemeral range to
+    // outgoing connections: a port from that range can be gone when the proxy is enabled again
+    // (seen under partitions, while clients reconnect in a loop). Ports just below the range
+    // are never handed out that way.
+    if let Some(range) = below_ephemeral_range() {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let span = range.end - range.start;
+        let start = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for i in 0..span {
+            let port = range.start + ((start + i) % span);
+            let candidate = SocketAddr::new(addr.ip(), port as u16);
+            if let Ok(probe) = std::net::TcpListener::bind(candidate) {
+                drop(probe);
+                NEXT.store(start + i + 1, std::sync::atomic::Ordering::Relaxed);
+                return Ok(candidate);
+            }
+        }
+    }
+    std::net::TcpListener::bind(addr)
+        .and_then(|probe| probe.local_addr())
+        .map_err(|err| ApiError::internal(format!("finding a free port on {addr}: {err}")))
+}
+
+/// Up to 8,000 ports just below the kernel's ephemeral port range (Linux), if it can be read.
+fn below_ephemeral_range() -> Option<std::ops::Range<u32>> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let low: u32 = text.split_whitespace().next()?.parse().ok()?;
+    let start = low.saturating_sub(8_000).max(10_000);
+    (start < low).then_some(start..low)
+}
+
+/// Whether a listen spec names the address a proxy already has (port 0 never does).
+pub(super) async fn listen_matches(raw: &str, current: SocketAddr) -> bool {
+    lookup_listen(raw).await.is_ok_and(|addrs| {
+        addrs
+            .iter()
+            .any(|addr| addr.port() != 0 && *addr == current)
+    })
+}
