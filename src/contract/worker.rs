@@ -90,11 +90,23 @@ impl std::fmt::Debug for Infra {
 }
 
 impl Infra {
-    /// Connects to Redis and Postgres at the given (proxied) URLs.
+    /// Connects to Redis and Postgres at the given (proxied) URLs, failing fast: a worker cut
+    /// off from Redis or Postgres must give up its attempt (its delivery is redelivered), not sit
+    /// in reconnect loops. For a case that may cut the links.
     pub async fn connect(redis_url: &str, database_url: &str) -> Result<Infra> {
+        Infra::connect_with(redis_url, database_url, Duration::from_millis(750)).await
+    }
+
+    /// Connects with `acquire_timeout` for a Postgres connection. Two connections are opened
+    /// before it returns, so a worker's first queries never pay for connection setup (SCRAM
+    /// authentication is slow on a loaded machine) inside a short timeout.
+    pub async fn connect_with(
+        redis_url: &str,
+        database_url: &str,
+        acquire_timeout: Duration,
+    ) -> Result<Infra> {
         let client = redis::Client::open(redis_url)?;
-        // A worker cut off from Redis or Postgres must fail fast (its delivery is redelivered),
-        // not sit in reconnect loops: short timeouts, few retries.
+        // Short timeouts, few retries: see `connect`.
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(1)))
             .set_response_timeout(Some(Duration::from_secs(5)))
@@ -102,9 +114,11 @@ impl Infra {
         let redis = ConnectionManager::new_with_config(client, config).await?;
         let pg = sqlx::postgres::PgPoolOptions::new()
             .max_connections(8)
-            .acquire_timeout(Duration::from_millis(750))
+            .acquire_timeout(acquire_timeout)
             .connect(database_url)
             .await?;
+        let warm = futures::future::try_join(pg.acquire(), pg.acquire()).await?;
+        drop(warm);
         Ok(Infra {
             redis,
             pg,

@@ -1,64 +1,213 @@
-//! Model backends: one wiremock `MockServer` per model version answering `POST /v1/infer`. The
-//! output is a deterministic function of (input, version) that names its version
-//! ([`crate::contract::model_output`]), so a stored result proves which model produced it.
+//! Model backends: one wiremock `MockServer` per model version. The output is a deterministic
+//! function of (input, version) that names its version ([`crate::contract::model_output`]), so a
+//! stored result proves which model produced it. A backend answers in the shape of a model API
+//! ([`ModelApi`]): racecert's own `/v1/infer`, an OpenAI-compatible `/v1/completions`, KServe v2,
+//! or a JSON template of the team's.
 //!
-//! Behaviour is programmable per case: a case's requests are recognised by the key prefix of their
-//! idempotency key, and a program (delay, HTTP failure, fail the first N calls) changes the answer
-//! for that case only, so cases sharing one backend never see each other's faults. The request
-//! journal is wiremock's own, read back for the checkers.
+//! Behaviour is programmable per case with wiremock's own scoped mocks: a case's calls are
+//! recognised by its key prefix in the request body ([`CaseCalls`]), and a program (a delay, HTTP
+//! failures, the first N calls failing via `up_to_n_times`) is a set of scoped mocks that lasts as
+//! long as its [`ProgramGuard`]. The request journal is wiremock's own, read back for the checkers.
 //!
-//! Programs live in a table the one mounted responder consults, not in scoped wiremock mocks:
-//! wiremock 0.6 sorts its mocks by priority in place while scoped-mock guards remember their
-//! index, so dropping a high-priority scoped mock can switch off the default one.
+//! Every mock is mounted at wiremock's default priority, in order: wiremock 0.6 sorts its mocks
+//! by priority in place while a scoped mock's guard remembers its index, so mixing priorities
+//! makes dropping a guard switch off some other mock. With one priority the sort never moves a
+//! mock and the first mounted match wins; the default answer is therefore told not to match a
+//! case that has a program ([`Unprogrammed`]), and a case has one program at a time.
 
 use crate::contract::{InferRequest, InferResponse, model_output};
 use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use wiremock::matchers::{method, path};
-use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+use wiremock::matchers::{method, path, path_regex};
+use wiremock::{
+    Match, Mock, MockBuilder, MockGuard, MockServer, Request, Respond, ResponseTemplate,
+};
 
-/// The inference endpoint every backend serves.
+/// racecert's own inference endpoint (the contract's).
 pub const INFER_PATH: &str = "/v1/infer";
+
+/// The model API a backend speaks: where the input is in a request, where the output goes in the
+/// answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(tag = "api", rename_all = "kebab-case")]
+pub enum ModelApi {
+    /// `POST /v1/infer` with [`InferRequest`], answered with [`InferResponse`] (the contract's).
+    #[default]
+    Racecert,
+    /// OpenAI-compatible `POST /v1/completions` (`prompt` in, `choices[0].text` out).
+    OpenaiCompletions,
+    /// KServe v2 `POST /v2/models/{name}/infer` (`inputs[0].data[0]` in, `outputs[0].data[0]`
+    /// out).
+    KserveV2,
+    /// A team's own JSON API.
+    Template {
+        /// Request path (exact).
+        path: String,
+        /// JSON pointer to the input in the request (e.g. `/inputs/0/text`).
+        input: String,
+        /// JSON pointer where the answer carries the output (e.g. `/result/text`).
+        output: String,
+    },
+}
+
+impl ModelApi {
+    /// The mock that recognises this API's calls.
+    fn route(&self) -> MockBuilder {
+        let post = Mock::given(method("POST"));
+        match self {
+            ModelApi::Racecert => post.and(path(INFER_PATH)),
+            ModelApi::OpenaiCompletions => post.and(path("/v1/completions")),
+            ModelApi::KserveV2 => post.and(path_regex(r"^/v2/models/[^/]+/infer$")),
+            ModelApi::Template { path: p, .. } => post.and(path(p.as_str())),
+        }
+    }
+
+    /// Whether a request path is one of this API's calls.
+    fn is_call(&self, request_path: &str) -> bool {
+        match self {
+            ModelApi::Racecert => request_path == INFER_PATH,
+            ModelApi::OpenaiCompletions => request_path == "/v1/completions",
+            ModelApi::KserveV2 => {
+                request_path.starts_with("/v2/models/") && request_path.ends_with("/infer")
+            }
+            ModelApi::Template { path, .. } => request_path == path,
+        }
+    }
+
+    /// The call as the journal keeps it: the input, and racecert's own fields when the API is
+    /// the contract's.
+    pub fn read(&self, body: &[u8]) -> std::result::Result<InferRequest, String> {
+        if *self == ModelApi::Racecert {
+            return serde_json::from_slice(body).map_err(|err| err.to_string());
+        }
+        let value: Value = serde_json::from_slice(body).map_err(|err| err.to_string())?;
+        let pointer = match self {
+            ModelApi::OpenaiCompletions => "/prompt",
+            ModelApi::KserveV2 => "/inputs/0/data/0",
+            ModelApi::Template { input, .. } => input.as_str(),
+            ModelApi::Racecert => unreachable!("handled above"),
+        };
+        let input = match value.pointer(pointer) {
+            Some(Value::String(text)) => text.clone(),
+            Some(other) => other.to_string(),
+            None => return Err(format!("no input at {pointer}")),
+        };
+        Ok(InferRequest {
+            input,
+            idempotency_key: String::new(),
+            attempt: 0,
+            worker_id: String::new(),
+        })
+    }
+
+    /// The answer carrying `output` of `version`.
+    fn answer(&self, output: &str, version: &str) -> Value {
+        match self {
+            ModelApi::Racecert => json!(InferResponse {
+                output: output.to_owned(),
+                model_version: version.to_owned(),
+            }),
+            ModelApi::OpenaiCompletions => json!({
+                "object": "text_completion",
+                "model": version,
+                "choices": [{"index": 0, "text": output, "finish_reason": "stop"}],
+            }),
+            ModelApi::KserveV2 => json!({
+                "model_name": "model",
+                "model_version": version,
+                "outputs": [{"name": "output", "datatype": "BYTES", "shape": [1], "data": [output]}],
+            }),
+            ModelApi::Template {
+                output: pointer, ..
+            } => {
+                let mut answer = Value::Null;
+                set_pointer(&mut answer, pointer, Value::String(output.to_owned()));
+                answer
+            }
+        }
+    }
+}
+
+/// Writes `value` at JSON `pointer` into `target`, creating objects (and arrays for numeric
+/// segments) on the way.
+fn set_pointer(target: &mut Value, pointer: &str, value: Value) {
+    let mut slot = target;
+    for raw in pointer.split('/').skip(1) {
+        let segment = raw.replace("~1", "/").replace("~0", "~");
+        if let Ok(index) = segment.parse::<usize>() {
+            if !slot.is_array() {
+                *slot = Value::Array(Vec::new());
+            }
+            let items = slot.as_array_mut().expect("just made an array");
+            while items.len() <= index {
+                items.push(Value::Null);
+            }
+            slot = &mut items[index];
+        } else {
+            if !slot.is_object() {
+                *slot = Value::Object(serde_json::Map::new());
+            }
+            slot = slot
+                .as_object_mut()
+                .expect("just made an object")
+                .entry(segment)
+                .or_insert(Value::Null);
+        }
+    }
+    *slot = value;
+}
 
 /// One model backend serving one version.
 pub struct ModelBackend {
     server: MockServer,
     name: String,
     version: String,
+    api: ModelApi,
     programs: Arc<Programs>,
 }
 
-/// Per-case programs, newest first wins.
-#[derive(Debug, Default)]
+/// The cases that have a program, and its mocks (wiremock deactivates them when dropped).
+#[derive(Default)]
 struct Programs {
     next_id: AtomicU64,
-    entries: Mutex<Vec<Program>>,
+    /// case prefix -> (program id, its scoped mocks).
+    active: Mutex<HashMap<String, (u64, Vec<MockGuard>)>>,
 }
 
-#[derive(Debug)]
-struct Program {
-    id: u64,
-    prefix: String,
-    behaviour: Behaviour,
-    /// Failures left for [`Behaviour::FailFirst`].
-    failures_left: u64,
-}
-
-/// Keeps a program active; dropping it removes the program.
-#[derive(Debug)]
+/// Keeps a program active; dropping it removes the program (the case gets normal answers).
 pub struct ProgramGuard {
     programs: Arc<Programs>,
+    prefix: String,
     id: u64,
+}
+
+impl std::fmt::Debug for ProgramGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProgramGuard")
+            .field("prefix", &self.prefix)
+            .field("id", &self.id)
+            .finish()
+    }
 }
 
 impl Drop for ProgramGuard {
     fn drop(&mut self) {
-        if let Ok(mut entries) = self.programs.entries.lock() {
-            entries.retain(|p| p.id != self.id);
-        }
+        let removed = {
+            let mut active = self.programs.active.lock().expect("poisoned");
+            match active.get(&self.prefix) {
+                // Only our own: a newer program of the case replaced it already.
+                Some((id, _)) if *id == self.id => active.remove(&self.prefix),
+                _ => None,
+            }
+        };
+        // The mocks' guards are dropped outside the lock: each one takes the server's lock.
+        drop(removed);
     }
 }
 
@@ -72,47 +221,52 @@ impl std::fmt::Debug for ModelBackend {
     }
 }
 
-/// Answers like a model of `version`, unless a program of the request's case says otherwise.
+/// Matches the calls of one case: its key prefix appears in the request body (racecert's
+/// idempotency keys carry it, and inputs racecert submits to other systems do).
 #[derive(Debug, Clone)]
-struct InferResponder {
-    version: String,
-    programs: Arc<Programs>,
+pub struct CaseCalls {
+    prefix: String,
 }
 
-impl InferResponder {
-    fn answer(&self, infer: &InferRequest) -> ResponseTemplate {
-        ResponseTemplate::new(200).set_body_json(InferResponse {
-            output: model_output(&infer.input, &self.version),
-            model_version: self.version.clone(),
+impl Match for CaseCalls {
+    fn matches(&self, request: &Request) -> bool {
+        let needle = self.prefix.as_bytes();
+        request.body.windows(needle.len()).any(|w| w == needle)
+    }
+}
+
+/// Matches calls of cases without a program: the default answer must not shadow a program (the
+/// first mounted match wins).
+struct Unprogrammed(Arc<Programs>);
+
+impl Match for Unprogrammed {
+    fn matches(&self, request: &Request) -> bool {
+        let active = self.0.active.lock().expect("poisoned");
+        !active.keys().any(|prefix| {
+            CaseCalls {
+                prefix: prefix.clone(),
+            }
+            .matches(request)
         })
     }
 }
 
-impl Respond for InferResponder {
+/// Answers like a model of `version` in the backend's API shape.
+#[derive(Debug, Clone)]
+struct ModelResponder {
+    version: String,
+    api: ModelApi,
+}
+
+impl Respond for ModelResponder {
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        let infer = match serde_json::from_slice::<InferRequest>(&request.body) {
-            Ok(infer) => infer,
-            Err(err) => {
-                return ResponseTemplate::new(400)
-                    .set_body_json(serde_json::json!({ "error": format!("bad request: {err}") }));
-            }
-        };
-        let mut entries = self.programs.entries.lock().expect("poisoned");
-        let program = entries
-            .iter_mut()
-            .rev()
-            .find(|p| infer.idempotency_key.starts_with(&p.prefix));
-        let Some(program) = program else {
-            return self.answer(&infer);
-        };
-        match program.behaviour {
-            Behaviour::Delay(delay) => self.answer(&infer).set_delay(delay),
-            Behaviour::Fail { status } => error_template(status),
-            Behaviour::FailFirst { status, .. } if program.failures_left > 0 => {
-                program.failures_left -= 1;
-                error_template(status)
-            }
-            Behaviour::FailFirst { .. } => self.answer(&infer),
+        match self.api.read(&request.body) {
+            Ok(call) => ResponseTemplate::new(200).set_body_json(
+                self.api
+                    .answer(&model_output(&call.input, &self.version), &self.version),
+            ),
+            Err(err) => ResponseTemplate::new(400)
+                .set_body_json(json!({ "error": format!("bad request: {err}") })),
         }
     }
 }
@@ -145,20 +299,26 @@ pub struct JournalEntry {
     pub backend: String,
     /// The version it serves.
     pub model_version: String,
-    /// The parsed request (None if the body was not a valid infer request).
+    /// The parsed call (None if the body was not a call of the backend's API).
     pub request: Option<InferRequest>,
 }
 
 impl ModelBackend {
-    /// Starts a backend named `name` (e.g. `model-backend-A`) serving `version`.
+    /// Starts a backend named `name` (e.g. `model-backend-A`) serving `version` on racecert's own
+    /// API.
     pub async fn start(name: &str, version: &str) -> ModelBackend {
+        ModelBackend::start_with(name, version, ModelApi::Racecert).await
+    }
+
+    /// Starts a backend serving `version` in the shape of `api`.
+    pub async fn start_with(name: &str, version: &str, api: ModelApi) -> ModelBackend {
         let server = MockServer::builder().start().await;
         let programs = Arc::new(Programs::default());
-        Mock::given(method("POST"))
-            .and(path(INFER_PATH))
-            .respond_with(InferResponder {
+        api.route()
+            .and(Unprogrammed(programs.clone()))
+            .respond_with(ModelResponder {
                 version: version.to_owned(),
-                programs: programs.clone(),
+                api: api.clone(),
             })
             .named(format!("{name} serves {version}"))
             .mount(&server)
@@ -167,6 +327,7 @@ impl ModelBackend {
             server,
             name: name.to_owned(),
             version: version.to_owned(),
+            api,
             programs,
         }
     }
@@ -181,44 +342,80 @@ impl ModelBackend {
         &self.version
     }
 
+    /// The API it speaks.
+    pub fn api(&self) -> &ModelApi {
+        &self.api
+    }
+
     /// Its direct address (workers reach it through its proxy instead).
     pub fn addr(&self) -> SocketAddr {
         *self.server.address()
     }
 
-    /// Programs `behaviour` for the calls of the case whose idempotency keys start with
-    /// `case_prefix` (a case's key prefix, e.g. [`crate::contract::Keys::prefix`]). The newest
-    /// program of a case wins; it lasts as long as the returned guard.
+    /// Programs `behaviour` for the calls of the case whose key prefix is `case_prefix` (e.g.
+    /// [`crate::contract::Keys::prefix`]). A case has one program at a time: a new one replaces
+    /// the one before. It lasts as long as the returned guard.
     pub async fn program(&self, case_prefix: &str, behaviour: Behaviour) -> Result<ProgramGuard> {
         if case_prefix.is_empty() {
             return Err(Error::Backend(
-                "a case program needs a non-empty idempotency-key prefix".to_owned(),
+                "a case program needs a non-empty key prefix".to_owned(),
             ));
         }
-        let failures_left = match behaviour {
-            Behaviour::Fail { status } | Behaviour::FailFirst { status, .. }
-                if !(400..=599).contains(&status) =>
-            {
-                return Err(Error::Backend(format!(
-                    "failure status must be 4xx or 5xx, got {status}"
-                )));
-            }
-            Behaviour::FailFirst { calls, .. } => calls,
-            _ => 0,
-        };
-        let id = self.programs.next_id.fetch_add(1, Ordering::Relaxed);
-        self.programs
-            .entries
+        if let Behaviour::Fail { status } | Behaviour::FailFirst { status, .. } = behaviour
+            && !(400..=599).contains(&status)
+        {
+            return Err(Error::Backend(format!(
+                "failure status must be 4xx or 5xx, got {status}"
+            )));
+        }
+        // The case's previous program goes first, so no call meets both.
+        let previous = self
+            .programs
+            .active
             .lock()
             .expect("poisoned")
-            .push(Program {
-                id,
+            .remove(case_prefix);
+        drop(previous);
+        let case = || {
+            self.api.route().and(CaseCalls {
                 prefix: case_prefix.to_owned(),
-                behaviour,
-                failures_left,
-            });
+            })
+        };
+        let answer = ModelResponder {
+            version: self.version.clone(),
+            api: self.api.clone(),
+        };
+        let mut mocks = Vec::new();
+        match behaviour {
+            Behaviour::Delay(delay) => {
+                mocks.push(case().respond_with(DelayedResponder(answer, delay)));
+            }
+            Behaviour::Fail { status } => {
+                mocks.push(case().respond_with(error_template(status)));
+            }
+            Behaviour::FailFirst { status, calls } => {
+                // Mounted first, so it answers until wiremock has counted `calls` of them.
+                mocks.push(
+                    case()
+                        .respond_with(error_template(status))
+                        .up_to_n_times(calls),
+                );
+                mocks.push(case().respond_with(answer));
+            }
+        }
+        let mut guards = Vec::new();
+        for mock in mocks {
+            guards.push(mock.mount_as_scoped(&self.server).await);
+        }
+        let id = self.programs.next_id.fetch_add(1, Ordering::Relaxed);
+        self.programs
+            .active
+            .lock()
+            .expect("poisoned")
+            .insert(case_prefix.to_owned(), (id, guards));
         Ok(ProgramGuard {
             programs: self.programs.clone(),
+            prefix: case_prefix.to_owned(),
             id,
         })
     }
@@ -226,29 +423,36 @@ impl ModelBackend {
     /// Every call received so far, optionally only those of one case.
     pub async fn journal(&self, case_prefix: Option<&str>) -> Vec<JournalEntry> {
         let requests = self.server.received_requests().await.unwrap_or_default();
+        let case = case_prefix.map(|prefix| CaseCalls {
+            prefix: prefix.to_owned(),
+        });
         requests
             .iter()
-            .filter(|r| r.url.path() == INFER_PATH)
-            .map(|r| serde_json::from_slice::<InferRequest>(&r.body).ok())
+            .filter(|r| self.api.is_call(r.url.path()))
             .enumerate()
-            .filter(|(_, request)| match (case_prefix, request) {
-                (None, _) => true,
-                (Some(prefix), Some(request)) => request.idempotency_key.starts_with(prefix),
-                (Some(_), None) => false,
-            })
-            .map(|(seq, request)| JournalEntry {
+            .filter(|(_, r)| case.as_ref().is_none_or(|case| case.matches(r)))
+            .map(|(seq, r)| JournalEntry {
                 seq,
                 backend: self.name.clone(),
                 model_version: self.version.clone(),
-                request,
+                request: self.api.read(&r.body).ok(),
             })
             .collect()
     }
 }
 
+/// A correct answer after a delay (wiremock's own: the response is held, not the server).
+struct DelayedResponder(ModelResponder, Duration);
+
+impl Respond for DelayedResponder {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        self.0.respond(request).set_delay(self.1)
+    }
+}
+
 fn error_template(status: u16) -> ResponseTemplate {
     ResponseTemplate::new(status)
-        .set_body_json(serde_json::json!({ "error": format!("injected HTTP {status}") }))
+        .set_body_json(json!({ "error": format!("injected HTTP {status}") }))
 }
 
 #[cfg(test)]
@@ -272,7 +476,7 @@ mod tests {
         (status, response.json().await.ok())
     }
 
-    #[tokio::test]
+    #[tokio::test(flavor = "multi_thread")]
     async fn answers_name_their_version_and_programs_are_per_case() {
         let backend = ModelBackend::start("model-backend-B", "v2").await;
         let (status, answer) = infer(&backend, "case-1:k").await;
@@ -303,12 +507,20 @@ mod tests {
             200,
             "only the first two fail"
         );
+        // A new program of the case replaces the old; dropping the old guard then changes nothing.
+        let failing = backend
+            .program("case-2:", Behaviour::Fail { status: 500 })
+            .await
+            .unwrap();
         drop(guard);
+        assert_eq!(infer(&backend, "case-2:k").await.0, 500);
+        drop(failing);
+        assert_eq!(infer(&backend, "case-2:k").await.0, 200, "program gone");
 
         let journal = backend.journal(Some("case-2:")).await;
-        assert_eq!(journal.len(), 3);
+        assert_eq!(journal.len(), 5);
         assert!(journal.windows(2).all(|w| w[0].seq < w[1].seq));
-        assert_eq!(backend.journal(None).await.len(), 5);
+        assert_eq!(backend.journal(None).await.len(), 7);
         assert!(
             backend
                 .program("", Behaviour::Fail { status: 500 })
@@ -321,5 +533,68 @@ mod tests {
                 .await
                 .is_err()
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn other_api_shapes_answer_with_outputs_naming_their_version() {
+        let client = reqwest::Client::new();
+        let openai = ModelBackend::start_with("m", "v1", ModelApi::OpenaiCompletions).await;
+        let answer: Value = client
+            .post(format!("http://{}/v1/completions", openai.addr()))
+            .json(&json!({"model": "m", "prompt": "hi"}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(
+            answer["choices"][0]["text"],
+            json!(model_output("hi", "v1"))
+        );
+
+        let kserve = ModelBackend::start_with("m", "v2", ModelApi::KserveV2).await;
+        let answer: Value = client
+            .post(format!("http://{}/v2/models/m/infer", kserve.addr()))
+            .json(&json!({"inputs": [{"name": "input", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(
+            answer["outputs"][0]["data"][0],
+            json!(model_output("hi", "v2"))
+        );
+        assert_eq!(
+            kserve.journal(None).await[0]
+                .request
+                .as_ref()
+                .unwrap()
+                .input,
+            "hi"
+        );
+
+        let template = ModelBackend::start_with(
+            "m",
+            "v3",
+            ModelApi::Template {
+                path: "/predict".into(),
+                input: "/query/text".into(),
+                output: "/result/0/text".into(),
+            },
+        )
+        .await;
+        let answer: Value = client
+            .post(format!("http://{}/predict", template.addr()))
+            .json(&json!({"query": {"text": "hi"}}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(answer["result"][0]["text"], json!(model_output("hi", "v3")));
     }
 }
