@@ -257,7 +257,11 @@ fn main() -> anyhow::Result<()> {
             Some(found) => {
                 println!(
                     "{}",
-                    found.report(seed, "cargo run --example custom_worker -- --unfenced")
+                    racecert::report::counterexample_text(
+                        found,
+                        seed,
+                        "cargo run --example custom_worker -- --unfenced"
+                    )
                 );
                 Ok(false)
             }

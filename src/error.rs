@@ -78,6 +78,10 @@ pub enum Error {
         last_error: String,
     },
 
+    /// A signal (SIGINT, SIGTERM) stopped the run before it had anything to report.
+    #[error("interrupted by {0}")]
+    Interrupted(String),
+
     /// Anything else, with a message.
     #[error("{0}")]
     Other(String),

@@ -47,6 +47,7 @@ pub mod env;
 pub mod error;
 pub mod fault;
 pub mod history;
+pub mod interrupt;
 pub mod reference;
 pub mod replay;
 pub mod report;
@@ -55,3 +56,97 @@ pub mod smoke;
 pub mod suite;
 
 pub use error::{Error, Result};
+
+/// The layering, checked: no module imports a layer above it (ARCHITECTURE.md). A scan of the
+/// `crate::` paths in every source file against the allowed order is enough to keep it honest.
+#[cfg(test)]
+mod layering {
+    /// Layers bottom up; a module may use modules of its own rank or lower.
+    const RANKS: &[(&str, u32)] = &[
+        ("error", 0),
+        ("interrupt", 0),
+        ("contract", 0),
+        ("fault", 5),
+        ("env", 10),
+        ("reference", 20),
+        ("system", 25),
+        ("history", 30),
+        ("check", 40),
+        ("schedule", 50),
+        ("report", 60),
+        ("suite", 65),
+        ("replay", 70),
+        ("smoke", 75),
+    ];
+
+    fn rank(module: &str) -> Option<u32> {
+        RANKS.iter().find(|(m, _)| *m == module).map(|(_, r)| *r)
+    }
+
+    fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("read src") {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                sources(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    #[test]
+    fn no_module_imports_a_layer_above_it() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        sources(&src, &mut files);
+        let mut upward = Vec::new();
+        let mut unknown = Vec::new();
+        for file in &files {
+            let relative = file.strip_prefix(&src).expect("under src");
+            let top = relative
+                .components()
+                .next()
+                .and_then(|c| c.as_os_str().to_str())
+                .unwrap_or_default()
+                .trim_end_matches(".rs");
+            if top == "lib" || top == "main" {
+                continue;
+            }
+            let Some(own) = rank(top) else {
+                unknown.push(top.to_owned());
+                continue;
+            };
+            let text = std::fs::read_to_string(file).expect("read source");
+            for (number, line) in text.lines().enumerate() {
+                if line.trim_start().starts_with("//") {
+                    continue;
+                }
+                for (at, _) in line.match_indices("crate::") {
+                    let used: String = line[at + "crate::".len()..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                        .collect();
+                    if let Some(theirs) = rank(&used)
+                        && theirs > own
+                    {
+                        upward.push(format!(
+                            "{}:{}: {top} uses {used}: {}",
+                            relative.display(),
+                            number + 1,
+                            line.trim()
+                        ));
+                    }
+                }
+            }
+        }
+        assert!(
+            unknown.is_empty(),
+            "modules with no layer in RANKS: {unknown:?}"
+        );
+        assert!(
+            upward.is_empty(),
+            "imports that reach a layer above:\n{}",
+            upward.join("\n")
+        );
+    }
+}

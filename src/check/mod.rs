@@ -14,7 +14,10 @@ use std::fmt;
 use std::str::FromStr;
 
 /// A named invariant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
 pub enum Invariant {
     /// At most one final write per request.
     AtMostOneFinalWrite,

@@ -1,5 +1,7 @@
-//! Switches that re-introduce each root cause of the seed into the reference pipeline, so the
-//! harness has real bugs to find. Each defect is named as the CLI spells it.
+//! The seed's root causes, named: switches a worker under test may honour to re-create one on
+//! purpose, so the harness has real bugs to find. racecert's reference worker honours every one
+//! (`src/reference`); a worker process receives them in `RACECERT_DEFECTS`. Each defect is named
+//! as the CLI spells it.
 
 use crate::{Error, Result};
 use std::collections::BTreeSet;
@@ -7,7 +9,10 @@ use std::fmt;
 use std::str::FromStr;
 
 /// One root cause of the seed, re-created faithfully.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
 pub enum Defect {
     /// Cache key `sha256(normalized_input)` without the model version: after a cutover, answers
     /// of the previous version are served (root cause 1).

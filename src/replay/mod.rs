@@ -668,3 +668,129 @@ fn dedup(races: impl Iterator<Item = Race>) -> Vec<Race> {
     races.dedup();
     races
 }
+
+impl Analysis {
+    /// The request to replay: the one asked for, else the first with a race, else the first
+    /// reconstructed; None when the log holds no such request.
+    pub fn chosen_request(&self, request: Option<&str>) -> Option<String> {
+        request
+            .map(str::to_owned)
+            .or_else(|| self.findings.first().map(|f| f.request_id.clone()))
+            .or_else(|| {
+                self.reconstruction
+                    .requests
+                    .first()
+                    .map(|r| r.request_id.clone())
+            })
+            .filter(|id| {
+                self.reconstruction
+                    .requests
+                    .iter()
+                    .any(|r| &r.request_id == id)
+            })
+    }
+}
+
+impl ReplayRun {
+    fn names(races: &[Race]) -> String {
+        if races.is_empty() {
+            return "-".into();
+        }
+        races
+            .iter()
+            .map(|r| r.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The analysis, the replayed schedule, its timeline and the verdict, as text.
+    pub fn text(&self, analysis: &Analysis, defects: &crate::contract::defect::Defects) -> String {
+        let mut out = analysis.text();
+        let defects: Vec<&str> = defects.iter().map(|d| d.name()).collect();
+        let _ = writeln!(
+            out,
+            "replaying with workers {} against the reference worker{}:",
+            self.workers
+                .iter()
+                .map(|w| format!("{} ({})", w.id, w.version))
+                .collect::<Vec<_>>()
+                .join(", "),
+            if defects.is_empty() {
+                String::new()
+            } else {
+                format!(" with {}", defects.join(", "))
+            }
+        );
+        let _ = write!(out, "{}", self.schedule);
+        let _ = writeln!(out, "timeline:\n{}", self.result.history.timeline());
+        let _ = writeln!(out, "race reproduced: {}", Self::names(&self.reproduced));
+        let _ = writeln!(out, "race prevented:  {}", Self::names(&self.prevented));
+        for violation in &self.result.violations {
+            out.push_str(&violation.to_string());
+        }
+        out.push_str(if self.result.violations.is_empty() {
+            "every invariant held\n"
+        } else {
+            "invariants violated\n"
+        });
+        out
+    }
+
+    /// Everything as one JSON document (`racecert replay --format json`).
+    pub fn json(&self, analysis: &Analysis, request: &str) -> ReplayJson<'_> {
+        ReplayJson {
+            analysis: analysis.clone(),
+            request: request.to_owned(),
+            workers: &self.workers,
+            schedule: &self.schedule,
+            reproduced: &self.reproduced,
+            prevented: &self.prevented,
+            timeline: self.result.history.timeline(),
+            violations: self
+                .result
+                .violations
+                .iter()
+                .map(|v| ReplayViolation {
+                    invariant: v.invariant,
+                    observed: v.observed.clone(),
+                    evidence: v.evidence.clone(),
+                })
+                .collect(),
+            held: self.result.violations.is_empty(),
+        }
+    }
+}
+
+/// `racecert replay --format json`.
+#[derive(Debug, Serialize)]
+pub struct ReplayJson<'a> {
+    /// The log's analysis.
+    pub analysis: Analysis,
+    /// The request replayed.
+    pub request: String,
+    /// The workers, as logged.
+    pub workers: &'a [WorkerSpec],
+    /// The synthesized schedule.
+    pub schedule: &'a Schedule,
+    /// Races the replay shows again.
+    pub reproduced: &'a [Race],
+    /// Races the worker prevented.
+    pub prevented: &'a [Race],
+    /// The replay's timeline.
+    pub timeline: String,
+    /// Broken invariants.
+    pub violations: Vec<ReplayViolation>,
+    /// Whether every invariant held.
+    pub held: bool,
+}
+
+/// A broken invariant in JSON.
+#[derive(Debug, Serialize)]
+pub struct ReplayViolation {
+    /// Which invariant.
+    pub invariant: crate::check::Invariant,
+    /// What was observed.
+    pub observed: String,
+    /// The proof.
+    pub evidence: Vec<String>,
+}

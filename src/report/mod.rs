@@ -11,6 +11,7 @@ use crate::contract::log::Status;
 use crate::fault::FaultKind;
 use crate::history::{EventKind, History};
 use crate::schedule::Schedule;
+use crate::schedule::controlled::CaseResult;
 use crate::schedule::explore::{Counterexample, ExploreReport};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -29,6 +30,9 @@ pub struct Report {
     pub shard: Option<(u32, u32)>,
     /// One entry per suite run.
     pub suites: Vec<SuiteOutcome>,
+    /// The signal that stopped the run early, if one did: the report is partial.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<String>,
 }
 
 /// One fault kind's coverage.
@@ -89,8 +93,14 @@ pub struct CounterexampleReport {
     pub found_after_cases: u32,
     /// Milliseconds before the first failure.
     pub found_after_ms: u64,
-    /// The command that reproduces it.
+    /// The command that reproduces it exactly (from its schedule file when one was written).
     pub replay: String,
+    /// The schedule file, if one was written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_file: Option<String>,
+    /// The command that regenerates it from the exploration's seed and case number.
+    #[serde(default)]
+    pub seed_replay: String,
 }
 
 /// One suite's result.
@@ -170,7 +180,8 @@ impl SuiteOutcome {
     }
 }
 
-fn coverage_rows(enabled: &[FaultKind], coverage: &Coverage) -> Vec<CoverageRow> {
+/// Coverage rows of the fault kinds a run enabled, in that order.
+pub fn coverage_rows(enabled: &[FaultKind], coverage: &Coverage) -> Vec<CoverageRow> {
     enabled
         .iter()
         .map(|kind| {
@@ -323,23 +334,93 @@ pub fn diagram(history: &History, violations: &[Violation]) -> (Vec<String>, Vec
     (lanes, events)
 }
 
-/// The report of a counterexample.
+/// A test bed's addresses, one service a line (`racecert env up`, `racecert smoke`).
+pub fn addresses_text(a: &crate::env::Addresses) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "redis      {}  (direct {})",
+        a.redis_url, a.redis_direct_url
+    );
+    let _ = writeln!(
+        out,
+        "postgres   {}  (direct {})",
+        a.database_url, a.database_direct_url
+    );
+    for (name, version, url) in &a.backends {
+        let _ = writeln!(out, "backend    {url}  {name} serving {version}");
+    }
+    let _ = writeln!(out, "toxiproxy  {}", a.toxiproxy_url);
+    out
+}
+
+/// A counterexample as text a person can act on: what broke, the minimal schedule, the timeline
+/// in the seed's log format, and how to replay it.
+pub fn counterexample_text(found: &Counterexample, seed: u64, replay: &str) -> String {
+    let mut out = String::new();
+    for violation in &found.result.violations {
+        out.push_str(&violation.to_string());
+    }
+    let _ = write!(
+        out,
+        "minimal schedule ({} steps):\n{}",
+        found.schedule.steps.len(),
+        found.schedule
+    );
+    out.push_str("timeline:\n");
+    out.push_str(&found.result.history.timeline());
+    let _ = writeln!(
+        out,
+        "found after {} case(s) in {:.2?}; seed {seed}\nreplay: {replay}",
+        found.found_after.0, found.found_after.1
+    );
+    out
+}
+
+/// One case as text: its schedule, its timeline, and the verdict (`racecert run`).
+pub fn case_text(title: &str, schedule: &Schedule, result: &CaseResult) -> String {
+    let mut out = format!("{title}:\n{schedule}");
+    let _ = writeln!(out, "timeline:\n{}", result.history.timeline());
+    for violation in &result.violations {
+        out.push_str(&violation.to_string());
+    }
+    if result.violations.is_empty() {
+        out.push_str("every invariant held\n");
+    }
+    out
+}
+
+/// The report of a counterexample found by exploration.
 pub fn counterexample_report(found: &Counterexample, replay: String) -> CounterexampleReport {
-    let (lanes, diagram) = diagram(&found.result.history, &found.result.violations);
-    CounterexampleReport {
-        violations: found
-            .result
-            .violations
-            .iter()
-            .map(violation_report)
-            .collect(),
-        schedule: found.schedule.clone(),
-        timeline: found.result.history.timeline(),
-        lanes,
-        diagram,
-        found_after_cases: found.found_after.0,
-        found_after_ms: found.found_after.1.as_millis() as u64,
+    CounterexampleReport::of_case(
+        &found.result,
+        found.schedule.clone(),
+        found.found_after,
         replay,
+    )
+}
+
+impl CounterexampleReport {
+    /// The report of a failing case: its violations, schedule, timeline and diagram.
+    pub fn of_case(
+        result: &CaseResult,
+        schedule: Schedule,
+        found_after: (u32, std::time::Duration),
+        replay: String,
+    ) -> CounterexampleReport {
+        let (lanes, diagram) = diagram(&result.history, &result.violations);
+        CounterexampleReport {
+            violations: result.violations.iter().map(violation_report).collect(),
+            schedule,
+            timeline: result.history.timeline(),
+            lanes,
+            diagram,
+            found_after_cases: found_after.0,
+            found_after_ms: found_after.1.as_millis() as u64,
+            seed_replay: replay.clone(),
+            replay,
+            schedule_file: None,
+        }
     }
 }
 
@@ -351,12 +432,13 @@ impl Report {
             started_at: crate::contract::log::timestamp_now(),
             shard,
             suites: Vec::new(),
+            interrupted: None,
         }
     }
 
-    /// Whether every suite came out as expected.
+    /// Whether every suite came out as expected (an interrupted run never passes).
     pub fn passed(&self) -> bool {
-        self.suites.iter().all(SuiteOutcome::as_expected)
+        self.interrupted.is_none() && self.suites.iter().all(SuiteOutcome::as_expected)
     }
 
     /// Joins shard reports into one (suites in name order; a suite present twice is an error).
@@ -386,9 +468,21 @@ impl Report {
         Ok(merged)
     }
 
-    /// The terminal summary: per suite cases, verdict, time; per violation the invariant, seed
-    /// and replay command.
+    /// The terminal summary without colour.
     pub fn terminal(&self) -> String {
+        self.terminal_with(false)
+    }
+
+    /// The terminal summary: per suite cases, verdict, time; per violation the invariant, seed
+    /// and replay command. `color` marks verdicts with ANSI colours (for a terminal only).
+    pub fn terminal_with(&self, color: bool) -> String {
+        let paint = |text: &str, code: &str| {
+            if color {
+                format!("\x1b[{code}m{text}\x1b[0m")
+            } else {
+                text.to_owned()
+            }
+        };
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -407,6 +501,11 @@ impl Report {
                 "-".to_owned()
             } else {
                 suite.defects.join(",")
+            };
+            let verdict = if suite.as_expected() {
+                paint(verdict, "32")
+            } else {
+                paint(verdict, "1;31")
             };
             let _ = writeln!(
                 out,
@@ -436,15 +535,15 @@ impl Report {
                 let _ = writeln!(out, "    replay: {}", found.replay);
             }
         }
-        let _ = writeln!(
-            out,
-            "{}",
-            if self.passed() {
-                "certification PASSED"
-            } else {
-                "certification FAILED"
-            }
-        );
+        let verdict = match (&self.interrupted, self.passed()) {
+            (Some(signal), _) => paint(
+                &format!("certification INTERRUPTED by {signal} (partial report)"),
+                "1;33",
+            ),
+            (None, true) => paint("certification PASSED", "1;32"),
+            (None, false) => paint("certification FAILED", "1;31"),
+        };
+        let _ = writeln!(out, "{verdict}");
         out
     }
 

@@ -81,29 +81,6 @@ pub struct Counterexample {
     pub found_after: (u32, Duration),
 }
 
-impl Counterexample {
-    /// A report a person can act on: what broke, the minimal schedule, the timeline in the seed's
-    /// log format, and how to replay it.
-    pub fn report(&self, seed: u64, replay_hint: &str) -> String {
-        let mut out = String::new();
-        for violation in &self.result.violations {
-            out.push_str(&violation.to_string());
-        }
-        out.push_str(&format!(
-            "minimal schedule ({} steps):\n{}",
-            self.schedule.steps.len(),
-            self.schedule
-        ));
-        out.push_str("timeline:\n");
-        out.push_str(&self.result.history.timeline());
-        out.push_str(&format!(
-            "found after {} case(s) in {:.2?}; seed {seed}\nreplay: {replay_hint}\n",
-            self.found_after.0, self.found_after.1
-        ));
-        out
-    }
-}
-
 /// The outcome of an exploration.
 #[derive(Debug, Clone)]
 pub struct ExploreReport {
@@ -117,6 +94,8 @@ pub struct ExploreReport {
     pub elapsed: Duration,
     /// Whether the time budget ran out before every case ran.
     pub budget_exhausted: bool,
+    /// Whether a signal stopped the exploration early.
+    pub interrupted: bool,
 }
 
 impl ExploreReport {
@@ -178,6 +157,7 @@ pub fn explore(
         coverage: screened.coverage,
         elapsed: Duration::ZERO,
         budget_exhausted: screened.budget_exhausted,
+        interrupted: screened.interrupted,
     };
     if let Some(failure) = screened.failure {
         let found_after = (failure_case(failure.0, replays), failure.1);
@@ -226,6 +206,7 @@ fn generate(config: &ExploreConfig, space: &ScheduleSpace) -> Result<Vec<Schedul
 struct Screened {
     cases: u32,
     budget_exhausted: bool,
+    interrupted: bool,
     coverage: Coverage,
     failure: Option<Failure>,
     harness_error: Option<String>,
@@ -252,11 +233,17 @@ async fn screen(
     // Index of the earliest failing or erroring case so far; nothing after it starts.
     let stop_at = AtomicUsize::new(usize::MAX);
     let budget_out = AtomicBool::new(false);
+    let interrupted = AtomicBool::new(false);
     let mut outcomes = futures::stream::iter(schedules.iter().enumerate())
         .map(|(index, schedule)| {
-            let (stop_at, budget_out) = (&stop_at, &budget_out);
+            let (stop_at, budget_out, interrupted) = (&stop_at, &budget_out, &interrupted);
             async move {
                 if index > stop_at.load(Ordering::SeqCst) {
+                    return (index, Screen::Skipped);
+                }
+                if crate::interrupt::requested().is_some() {
+                    // A signal: start nothing new; what runs finishes and is reported.
+                    interrupted.store(true, Ordering::SeqCst);
                     return (index, Screen::Skipped);
                 }
                 if config
@@ -291,6 +278,7 @@ async fn screen(
         finished.insert(index, (result, started.elapsed()));
     }
     screened.budget_exhausted = budget_out.load(Ordering::SeqCst);
+    screened.interrupted = interrupted.load(Ordering::SeqCst);
     // In generation order: what a one-at-a-time run would have met, up to its first stop. Cases
     // after that ran alongside it and are not findings of this exploration.
     for (index, (result, at)) in finished {
@@ -342,6 +330,10 @@ fn shrink(
         }
         if state.2.is_some() {
             return Err(TestCaseError::reject("stopped by a harness error"));
+        }
+        if crate::interrupt::requested().is_some() {
+            // Interrupted: the smallest schedule so far stands; proptest skips the rest quickly.
+            return Err(TestCaseError::reject("interrupted"));
         }
         state.1 += 1;
         match runtime.block_on(controller.run(&schedule)) {

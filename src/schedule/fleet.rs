@@ -123,6 +123,14 @@ struct Proc {
     child: Child,
 }
 
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // Nothing of a worker may outlive its run, whatever ends it (a panic, an interrupted
+        // run): the whole process group goes, children a framework forked included.
+        signal(self, Signal::SIGKILL);
+    }
+}
+
 /// The fleet's processes: started from the command, one process group each.
 struct Processes {
     command: String,
@@ -387,6 +395,9 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
     let mut rolled = !settings.faults.contains(&FaultKind::Cutover);
     let mut step = 0;
     while started.elapsed() < settings.duration || arrivals.pending() {
+        if crate::interrupt::requested().is_some() {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(rng.random_range(100..300))).await;
         let fresh = arrivals.submit_due(started.elapsed(), &mut api).await?;
         plane.services.requests.extend(fresh);
@@ -526,7 +537,9 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
         if !open {
             break true;
         }
-        if Instant::now() + settings.backend_timeout * 3 > hard_deadline {
+        if Instant::now() + settings.backend_timeout * 3 > hard_deadline
+            || crate::interrupt::requested().is_some()
+        {
             break false;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

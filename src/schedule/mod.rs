@@ -12,6 +12,7 @@ mod arrivals;
 pub mod chaos;
 pub mod controlled;
 pub mod explore;
+pub mod file;
 pub mod fleet;
 pub mod plane;
 

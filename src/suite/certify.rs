@@ -7,6 +7,7 @@ use crate::env::TestBed;
 use crate::report::{Report, SuiteOutcome};
 use crate::schedule::controlled::Controller;
 use crate::schedule::explore::{ExploreConfig, Progress, explore};
+use crate::schedule::file::{Found, ScheduleFile};
 use crate::suite::file::LoadedSuite;
 use crate::{Error, Result};
 use std::path::PathBuf;
@@ -26,6 +27,8 @@ pub struct CertifyOptions {
     pub regressions: Option<PathBuf>,
     /// Cases run at once in each suite.
     pub concurrency: usize,
+    /// Where counterexamples are written as schedule files (None: not written).
+    pub schedules: Option<PathBuf>,
 }
 
 impl Default for CertifyOptions {
@@ -37,6 +40,7 @@ impl Default for CertifyOptions {
             shard: None,
             regressions: None,
             concurrency: crate::schedule::explore::DEFAULT_CONCURRENCY,
+            schedules: None,
         }
     }
 }
@@ -87,6 +91,16 @@ pub fn replay_command(suite: &LoadedSuite, seed: u64, case: u32, defects: &Defec
     command
 }
 
+/// The schedule file name of a suite's counterexample: the suite and its defects.
+pub fn schedule_file_name(suite: &str, defects: &Defects) -> String {
+    let mut name = suite.to_owned();
+    for defect in defects.iter() {
+        name.push('+');
+        name.push_str(defect.name());
+    }
+    name + ".json"
+}
+
 /// Runs `suites` (already sharded) and returns the report. `progress(suite, cases_done)` is
 /// called after every case.
 pub fn certify(
@@ -98,6 +112,10 @@ pub fn certify(
 ) -> Result<Report> {
     let mut report = Report::new(options.shard);
     for loaded in suites {
+        if let Some(signal) = crate::interrupt::requested() {
+            report.interrupted = Some(crate::interrupt::name(signal));
+            break;
+        }
         let suite = loaded.suite.clone().with_defects(options.defects.clone());
         let seed = options.seed.unwrap_or(loaded.seed);
         let cases = options.cases.unwrap_or(suite.cases);
@@ -132,7 +150,7 @@ pub fn certify(
                     .counterexample
                     .as_ref()
                     .map_or(0, |c| c.found_after.0);
-                SuiteOutcome::from_exploration(
+                let mut outcome = SuiteOutcome::from_exploration(
                     &suite.name,
                     &loaded.path,
                     defect_names,
@@ -141,7 +159,24 @@ pub fn certify(
                     &suite.space.faults,
                     &explored,
                     replay_command(loaded, seed, case, &options.defects),
-                )
+                );
+                if let (Some(dir), Some(found), Some(report)) = (
+                    &options.schedules,
+                    &explored.counterexample,
+                    outcome.counterexample.as_mut(),
+                ) {
+                    let path = dir.join(schedule_file_name(&suite.name, &options.defects));
+                    let mut file =
+                        ScheduleFile::new(&suite.name, &suite.settings, found.schedule.clone());
+                    file.found = Some(Found { seed, case });
+                    file.violated = crate::check::broken(&found.result.violations)
+                        .into_iter()
+                        .collect();
+                    file.write(&path)?;
+                    report.replay = format!("racecert run --schedule {}", path.display());
+                    report.schedule_file = Some(path.display().to_string());
+                }
+                outcome
             }
             Err(err) => SuiteOutcome {
                 name: suite.name.clone(),
@@ -160,6 +195,9 @@ pub fn certify(
             },
         };
         report.suites.push(outcome);
+    }
+    if let Some(signal) = crate::interrupt::requested() {
+        report.interrupted = Some(crate::interrupt::name(signal));
     }
     Ok(report)
 }
@@ -185,6 +223,9 @@ pub async fn certify_external(
     let mut ran = 0;
     let mut settings = FleetSettings::mixed_fleet(command, seed);
     for round in 0..rounds {
+        if crate::interrupt::requested().is_some() {
+            break;
+        }
         settings = FleetSettings::mixed_fleet(command, seed + u64::from(round));
         settings.defects = defects.clone();
         let result = run_fleet(bed, &settings).await?;
@@ -197,47 +238,23 @@ pub async fn certify_external(
             break;
         }
     }
-    let (result, round) = outcome.expect("at least one round");
+    let Some((result, round)) = outcome else {
+        let signal = crate::interrupt::requested().unwrap_or(2);
+        return Err(Error::Interrupted(crate::interrupt::name(signal)));
+    };
     let mut enabled = settings.faults.clone();
     enabled.dedup();
-    let coverage_rows: Vec<crate::report::CoverageRow> = enabled
-        .iter()
-        .map(|kind| {
-            let (applied, landed) = coverage.faults.get(kind).copied().unwrap_or((0, 0));
-            crate::report::CoverageRow {
-                fault: kind.name().to_owned(),
-                target: kind.target_path().to_owned(),
-                applied,
-                landed,
-            }
-        })
-        .collect();
+    let coverage_rows = crate::report::coverage_rows(&enabled, &coverage);
     let held = result.case.violations.is_empty();
     let counterexample = (!held).then(|| {
-        let (lanes, diagram) =
-            crate::report::diagram(&result.case.history, &result.case.violations);
-        crate::report::CounterexampleReport {
-            violations: result
-                .case
-                .violations
-                .iter()
-                .map(|v| crate::report::ViolationReport {
-                    invariant: v.invariant.name().to_owned(),
-                    should_hold: v.invariant.statement().to_owned(),
-                    observed: v.observed.clone(),
-                    evidence: v.evidence.clone(),
-                })
-                .collect(),
-            schedule: crate::schedule::Schedule {
+        crate::report::CounterexampleReport::of_case(
+            &result.case,
+            crate::schedule::Schedule {
                 requests: Vec::new(),
                 steps: Vec::new(),
             },
-            timeline: result.case.history.timeline(),
-            lanes,
-            diagram,
-            found_after_cases: round + 1,
-            found_after_ms: started.elapsed().as_millis() as u64,
-            replay: format!(
+            (round + 1, started.elapsed()),
+            format!(
                 "racecert certify --worker-cmd {command:?} --seed {} --rounds 1{}",
                 seed + u64::from(round),
                 defects
@@ -245,7 +262,7 @@ pub async fn certify_external(
                     .map(|d| format!(" --defect {d}"))
                     .collect::<String>()
             ),
-        }
+        )
     });
     Ok(SuiteOutcome {
         name: "external-fleet".into(),

@@ -133,7 +133,11 @@ async fn the_seed_race_is_caught_and_shrinks_to_at_most_six_steps(
     };
     eprintln!(
         "{}",
-        found.report(7, "cargo test --test integration -- harness::the_seed_race")
+        racecert::report::counterexample_text(
+            found,
+            7,
+            "cargo test --test integration -- harness::the_seed_race"
+        )
     );
     anyhow::ensure!(
         found.schedule.steps.len() <= 6,
@@ -210,7 +214,11 @@ async fn the_reference_worker_passes_every_suite(bed: &TestBed) -> anyhow::Resul
             anyhow::bail!(
                 "suite {} failed on the reference worker:\n{}",
                 suite.name,
-                found.report(1, &format!("racecert run {} --seed 1", suite.name))
+                racecert::report::counterexample_text(
+                    found,
+                    1,
+                    &format!("racecert run {} --seed 1", suite.name)
+                )
             );
         }
         let landed: Vec<String> = report
