@@ -7,7 +7,8 @@ Two tasks do the same job (create the result row, call the model, store its outp
   attempt was still running), both attempts write and the slower one overwrites the faster one.
 - ``tasks.infer_fenced`` takes an epoch at start and writes only while that epoch is still the
   row's: of two overlapping attempts only the one that took the latest epoch writes; the other one
-  logs ``late_write_rejected`` and discards its result.
+  logs ``late_write_rejected`` and discards its result. It also sets ``reject_on_worker_lost`` so a
+  killed pool child requeues its message instead of losing the job.
 
 Configuration comes from the environment only, so any harness (racecert, a test, a person) can run
 it unchanged: ``BROKER_URL`` (Redis), ``DATABASE_URL`` (Postgres), ``MODEL_URL`` (an
@@ -137,7 +138,9 @@ def infer_naive(self, request_id, input):
     return None
 
 
-@app.task(bind=True, name="tasks.infer_fenced")
+# reject_on_worker_lost: a pool child killed mid-task has its message requeued instead of acked
+# (Celery's default acks it: the job is lost). Running it again is safe because of the fence.
+@app.task(bind=True, name="tasks.infer_fenced", reject_on_worker_lost=True)
 def infer_fenced(self, request_id, input):
     """Take an epoch before the model call; write only while that epoch is still the row's."""
     received(self, request_id)

@@ -9,7 +9,9 @@
 //! its output. The naive one ends with a plain `UPDATE ... WHERE request_id = $1`: when apalis
 //! runs a job twice (its worker missed heartbeats, so another worker requeued the job while the
 //! first one was still running) both attempts write, last writer wins. The fenced one takes an
-//! epoch before the model call and writes only while that epoch is still the row's.
+//! epoch before the model call and writes only while that epoch is still the row's, and registers
+//! each process under its own apalis worker name (`WORKER_NAME.pid`), so a restart that reuses
+//! `WORKER_NAME` does not strand the jobs the previous process held.
 //!
 //! Configuration is read from the environment only: `DATABASE_URL`, `MODEL_URL`, `MODEL_NAME`,
 //! `MODEL_VERSION`, `WORKER_NAME`, `QUEUE` (default `inference`), `HEARTBEAT_S` and
@@ -85,7 +87,11 @@ impl Step<'_> {
 
     fn received(&self) {
         // apalis counts a requeue by a heartbeat timeout as an attempt: attempt > 1 is a retry.
-        let status = if self.attempt > 1 { "retry_dispatched" } else { "job_received" };
+        let status = if self.attempt > 1 {
+            "retry_dispatched"
+        } else {
+            "job_received"
+        };
         self.info(status, None);
     }
 }
@@ -97,14 +103,25 @@ async fn infer_naive(
     attempt: Attempt,
     app: Shared,
 ) -> Result<(), BoxDynError> {
-    let step = Step { app: &app, job: &job, job_id: &job_id, attempt: attempt.current() };
+    let step = Step {
+        app: &app,
+        job: &job,
+        job_id: &job_id,
+        attempt: attempt.current(),
+    };
     step.received();
     store::ensure_row(&app.pool, &job).await?;
     step.info("inference_started", None);
     match app.model.infer(&job.input).await {
         Ok(output) => {
-            store::write_naive(&app.pool, &job.request_id, &output, &app.version, &app.worker)
-                .await?;
+            store::write_naive(
+                &app.pool,
+                &job.request_id,
+                &output,
+                &app.version,
+                &app.worker,
+            )
+            .await?;
             step.info("inference_succeeded", None);
         }
         Err(error) => {
@@ -123,7 +140,12 @@ async fn infer_fenced(
     attempt: Attempt,
     app: Shared,
 ) -> Result<(), BoxDynError> {
-    let step = Step { app: &app, job: &job, job_id: &job_id, attempt: attempt.current() };
+    let step = Step {
+        app: &app,
+        job: &job,
+        job_id: &job_id,
+        attempt: attempt.current(),
+    };
     step.received();
     store::ensure_row(&app.pool, &job).await?;
     let Some(epoch) = store::take(&app.pool, &job.request_id, &app.worker).await? else {
@@ -163,7 +185,9 @@ fn seconds(name: &str, default: &str) -> Result<Duration, BoxDynError> {
 
 fn apalis_config() -> Result<Config, BoxDynError> {
     let missed = var("MISSED_HEARTBEATS", "10");
-    let missed: usize = missed.parse().map_err(|e| format!("MISSED_HEARTBEATS={missed:?}: {e}"))?;
+    let missed: usize = missed
+        .parse()
+        .map_err(|e| format!("MISSED_HEARTBEATS={missed:?}: {e}"))?;
     Ok(Config::default()
         .queue(var("QUEUE", "inference"))
         .heartbeat_interval(seconds("HEARTBEAT_S", "30")?)
@@ -209,14 +233,20 @@ async fn run_worker(fenced: bool) -> Result<(), BoxDynError> {
         sigterm.recv().await;
         Ok::<(), std::io::Error>(())
     };
-    let builder = WorkerBuilder::new(app.worker.clone())
+    // apalis recovers a dead worker's jobs only once its name stops heartbeating. A restarted
+    // process that reuses the name heartbeats for it, so the jobs it held stay Running forever
+    // (a rolling restart loses them). The fenced variant names each process instance apart;
+    // the naive one uses the name as given, as most deployments do.
+    let instance = if fenced {
+        format!("{}.{}", app.worker, std::process::id())
+    } else {
+        app.worker.clone()
+    };
+    let worker = app.worker.clone();
+    let builder = WorkerBuilder::new(instance)
         .backend(backend)
         .data(app.clone())
-        .on_event(|ctx, event| match event {
-            Event::Start => info!(worker_id = %ctx.name(), status = "worker_ready"),
-            Event::Error(e) => warn!(worker_id = %ctx.name(), error = %e, status = "job_error"),
-            _ => {}
-        });
+        .on_event(move |ctx, event| log_event(&worker, ctx, event));
     if fenced {
         builder.build(infer_fenced).run_until(stop).await?;
     } else {
@@ -225,10 +255,27 @@ async fn run_worker(fenced: bool) -> Result<(), BoxDynError> {
     Ok(())
 }
 
+/// Worker lifecycle lines: readiness (racecert's start-up wait) and handler errors.
+fn log_event(worker: &str, ctx: &WorkerContext, event: &Event) {
+    match event {
+        Event::Start => info!(
+            worker_id = %worker,
+            apalis_worker = %ctx.name(),
+            status = "worker_ready"
+        ),
+        Event::Error(error) => warn!(
+            worker_id = %worker,
+            apalis_worker = %ctx.name(),
+            %error,
+            status = "job_error"
+        ),
+        _ => {}
+    }
+}
+
 async fn submit(request_id: String, input: String) -> Result<(), BoxDynError> {
     let pool = connect().await?;
-    let mut backend =
-        PostgresStorage::<InferenceRequest>::new(&pool).with_config(apalis_config()?);
+    let mut backend = PostgresStorage::<InferenceRequest>::new(&pool).with_config(apalis_config()?);
     backend.push(InferenceRequest { request_id, input }).await?;
     Ok(())
 }
@@ -237,9 +284,17 @@ const USAGE: &str = "usage: apalis-worker [--fenced] | apalis-worker submit REQU
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt().with_ansi(false).with_target(false).init();
+    tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_target(false)
+        .init();
     let args: Vec<String> = env::args().skip(1).collect();
-    let result = match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+    let result = match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
         [] => run_worker(false).await,
         ["--fenced"] => run_worker(true).await,
         ["submit", id, input] => submit((*id).to_owned(), (*input).to_owned()).await,

@@ -36,7 +36,10 @@ impl Model {
     }
 
     /// One BYTES tensor in, the first element of the first output tensor back.
-    pub async fn infer(&self, input: &str) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+    pub async fn infer(
+        &self,
+        input: &str,
+    ) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
         let body = json!({
             "inputs": [{"name": "input", "shape": [1], "datatype": "BYTES", "data": [input]}]
         });
