@@ -8,7 +8,8 @@ Two tasks do the same job (create the result row, call the model, store its outp
 - ``tasks.infer_fenced`` takes an epoch at start and writes only while that epoch is still the
   row's: of two overlapping attempts only the one that took the latest epoch writes; the other one
   logs ``late_write_rejected`` and discards its result. It also sets ``reject_on_worker_lost`` so a
-  killed pool child requeues its message instead of losing the job.
+  killed pool child requeues its message instead of losing the job, and retries when the database
+  is unreachable instead of leaving its row unfinished.
 
 Configuration comes from the environment only, so any harness (racecert, a test, a person) can run
 it unchanged: ``BROKER_URL`` (Redis), ``DATABASE_URL`` (Postgres), ``MODEL_URL`` (an
@@ -139,8 +140,19 @@ def infer_naive(self, request_id, input):
 
 
 # reject_on_worker_lost: a pool child killed mid-task has its message requeued instead of acked
-# (Celery's default acks it: the job is lost). Running it again is safe because of the fence.
-@app.task(bind=True, name="tasks.infer_fenced", reject_on_worker_lost=True)
+# (Celery's default acks it: the job is lost). autoretry_for: a database outage fails the task,
+# which Celery would ack, leaving the row RUNNING forever; a retry (a new message, retries + 1)
+# finishes it once the database is back. Running it again is safe because of the fence.
+@app.task(
+    bind=True,
+    name="tasks.infer_fenced",
+    reject_on_worker_lost=True,
+    autoretry_for=(psycopg.OperationalError,),
+    retry_backoff=1,
+    retry_backoff_max=4,
+    retry_jitter=False,
+    max_retries=20,
+)
 def infer_fenced(self, request_id, input):
     """Take an epoch before the model call; write only while that epoch is still the row's."""
     received(self, request_id)
