@@ -1,0 +1,26 @@
+"""Enqueue one inference request the way the team's API does: ``task.delay(...)``.
+
+    python submit.py REQUEST_ID INPUT [--fenced]
+
+Reads ``BROKER_URL`` like the worker. Prints the Celery task id. racecert can use it as a submit
+command; its Celery preset writes the same message to Redis itself (no Python needed).
+"""
+
+import argparse
+
+import tasks
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("request_id")
+    parser.add_argument("input")
+    parser.add_argument("--fenced", action="store_true", help="enqueue tasks.infer_fenced")
+    args = parser.parse_args()
+    task = tasks.infer_fenced if args.fenced else tasks.infer_naive
+    result = task.delay(request_id=args.request_id, input=args.input)
+    print(result.id)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""An inference worker written the way a team writes it on Celery 5 with the Redis broker.
+
+Two tasks do the same job (create the result row, call the model, store its output):
+
+- ``tasks.infer_naive`` ends with a plain ``UPDATE ... WHERE request_id = ...``: when Celery runs a
+  request twice (the message outlived ``visibility_timeout`` and was restored while the first
+  attempt was still running), both attempts write and the slower one overwrites the faster one.
+- ``tasks.infer_fenced`` takes an epoch at start and writes only while that epoch is still the
+  row's: of two overlapping attempts only the one that took the latest epoch writes; the other one
+  logs ``late_write_rejected`` and discards its result. It also sets ``reject_on_worker_lost`` so a
+  killed pool child requeues its message instead of losing the job, and retries when the database
+  is unreachable instead of leaving its row unfinished.
+
+Configuration comes from the environment only, so any harness (racecert, a test, a person) can run
+it unchanged: ``BROKER_URL`` (Redis), ``DATABASE_URL`` (Postgres), ``MODEL_URL`` (an
+OpenAI-compatible server), ``MODEL_NAME``, ``MODEL_VERSION``, ``WORKER_NAME``,
+``VISIBILITY_TIMEOUT_S`` (default 5: short on purpose, real inference outlives it),
+``MODEL_TIMEOUT_S`` (default 30).
+"""
+
+import json
+import logging
+import os
+import urllib.error
+import urllib.request
+
+import psycopg
+from celery import Celery
+from celery.utils.log import get_task_logger
+
+BROKER_URL = os.environ.get("BROKER_URL", "redis://127.0.0.1:6379/0")
+DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+MODEL_URL = os.environ.get("MODEL_URL", "http://127.0.0.1:8000").rstrip("/")
+MODEL_NAME = os.environ.get("MODEL_NAME", "inference-model")
+MODEL_VERSION = os.environ.get("MODEL_VERSION", "v1")
+WORKER_NAME = os.environ.get("WORKER_NAME", "worker-a")
+VISIBILITY_TIMEOUT_S = float(os.environ.get("VISIBILITY_TIMEOUT_S", "5"))
+MODEL_TIMEOUT_S = float(os.environ.get("MODEL_TIMEOUT_S", "30"))
+
+app = Celery("tasks", broker=BROKER_URL)
+app.conf.update(
+    # The settings a team picks to "not lose work": ack after the task returns, take one message
+    # at a time. With the Redis broker an unacked message is restored after visibility_timeout,
+    # whether or not the first attempt is still running.
+    task_acks_late=True,
+    worker_prefetch_multiplier=1,
+    broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT_S},
+    task_serializer="json",
+    accept_content=["json"],
+    # No result backend: the result lives in the team's own table.
+    task_ignore_result=True,
+    broker_connection_retry_on_startup=True,
+)
+
+log = get_task_logger(__name__)
+
+
+def _logfmt_value(value):
+    text = str(value)
+    if text == "" or any(c in text for c in ' "=\\'):
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return text
+
+
+def step(task, request_id, status, level=logging.INFO, **extra):
+    """One log line per step, with the fields a diagnosis needs (the seed's field names)."""
+    delivery = task.request.delivery_info or {}
+    redelivered = bool(delivery.get("redelivered"))
+    fields = {
+        "request_id": request_id,
+        "job_id": task.request.id,
+        "attempt": task.request.retries + 1,
+        "redelivered": str(redelivered).lower(),
+        "worker_id": WORKER_NAME,
+        "model_version": MODEL_VERSION,
+        "backend_endpoint": MODEL_URL,
+        "status": status,
+    }
+    fields.update(extra)
+    log.log(level, " ".join(f"{k}={_logfmt_value(v)}" for k, v in fields.items()))
+
+
+def connect():
+    # autocommit: every statement is its own transaction, as in most team code.
+    return psycopg.connect(DATABASE_URL, autocommit=True)
+
+
+def ensure_row(conn, request_id, text):
+    """The task creates its own row, so submitting is only enqueueing the Celery message."""
+    conn.execute(
+        "INSERT INTO inference_results (request_id, input, status, updated_at)"
+        " VALUES (%s, %s, 'PENDING', now()) ON CONFLICT (request_id) DO NOTHING",
+        (request_id, text),
+    )
+
+
+def call_model(text):
+    """OpenAI-compatible completion: POST {MODEL_URL}/v1/completions -> choices[0].text."""
+    body = json.dumps({"model": MODEL_NAME, "prompt": text}).encode()
+    req = urllib.request.Request(
+        f"{MODEL_URL}/v1/completions",
+        data=body,
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=MODEL_TIMEOUT_S) as resp:
+        answer = json.load(resp)
+    return answer["choices"][0]["text"]
+
+
+def received(task, request_id):
+    redelivered = bool((task.request.delivery_info or {}).get("redelivered"))
+    step(task, request_id, "retry_dispatched" if redelivered else "job_received")
+
+
+@app.task(bind=True, name="tasks.infer_naive")
+def infer_naive(self, request_id, input):
+    """Call the model and store its answer: last writer wins."""
+    received(self, request_id)
+    with connect() as conn:
+        ensure_row(conn, request_id, input)
+        step(self, request_id, "inference_started")
+        try:
+            output = call_model(input)
+        except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
+            step(self, request_id, "upstream_failed", logging.WARNING, error=exc)
+            conn.execute(
+                "UPDATE inference_results SET status = 'FAILED', owner = %s, updated_at = now()"
+                " WHERE request_id = %s",
+                (WORKER_NAME, request_id),
+            )
+            raise
+        conn.execute(
+            "UPDATE inference_results SET status = 'SUCCEEDED', output = %s, model_version = %s,"
+            " owner = %s, updated_at = now() WHERE request_id = %s",
+            (output, MODEL_VERSION, WORKER_NAME, request_id),
+        )
+    step(self, request_id, "inference_succeeded", write="result_store")
+    return None
+
+
+# reject_on_worker_lost: a pool child killed mid-task has its message requeued instead of acked
+# (Celery's default acks it: the job is lost). autoretry_for: a database outage fails the task,
+# which Celery would ack, leaving the row RUNNING forever; a retry (a new message, retries + 1)
+# finishes it once the database is back. Running it again is safe because of the fence.
+@app.task(
+    bind=True,
+    name="tasks.infer_fenced",
+    reject_on_worker_lost=True,
+    autoretry_for=(psycopg.OperationalError,),
+    retry_backoff=1,
+    retry_backoff_max=4,
+    retry_jitter=False,
+    max_retries=20,
+)
+def infer_fenced(self, request_id, input):
+    """Take an epoch before the model call; write only while that epoch is still the row's."""
+    received(self, request_id)
+    with connect() as conn:
+        ensure_row(conn, request_id, input)
+        row = conn.execute(
+            "UPDATE inference_results SET epoch = epoch + 1, owner = %s, status = 'RUNNING',"
+            " updated_at = now() WHERE request_id = %s AND status NOT IN ('SUCCEEDED', 'FAILED')"
+            " RETURNING epoch",
+            (WORKER_NAME, request_id),
+        ).fetchone()
+        if row is None:
+            step(self, request_id, "already_completed")
+            return None
+        epoch = row[0]
+        step(self, request_id, "job_taken", generation=epoch)
+        step(self, request_id, "inference_started", generation=epoch)
+        try:
+            output = call_model(input)
+        except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
+            step(self, request_id, "upstream_failed", logging.WARNING, error=exc)
+            conn.execute(
+                "UPDATE inference_results SET status = 'FAILED', updated_at = now()"
+                " WHERE request_id = %s AND epoch = %s AND status NOT IN ('SUCCEEDED', 'FAILED')",
+                (request_id, epoch),
+            )
+            raise
+        written = conn.execute(
+            "UPDATE inference_results SET status = 'SUCCEEDED', output = %s, model_version = %s,"
+            " updated_at = now()"
+            " WHERE request_id = %s AND epoch = %s AND status NOT IN ('SUCCEEDED', 'FAILED')",
+            (output, MODEL_VERSION, request_id, epoch),
+        ).rowcount
+    if written == 1:
+        step(self, request_id, "inference_succeeded", write="result_store", generation=epoch)
+    else:
+        step(self, request_id, "late_write_rejected", logging.WARNING, generation=epoch)
+        step(self, request_id, "discarded_late_result", logging.WARNING, generation=epoch)
+    return None
