@@ -199,7 +199,10 @@ fn main() -> anyhow::Result<()> {
 
         let bed = TestBed::builder().start().await?;
         println!(
-            "services: redis {} postgres {}",
+            "services ({} network): redis {} postgres {}",
+            bed.network()
+                .map(|network| network.to_string())
+                .unwrap_or_else(|| "external".to_owned()),
             bed.redis_direct_url(),
             bed.database_direct_url()
         );
