@@ -12,6 +12,7 @@ use std::process::Command;
 crate::tests!(
     every_address_is_loopback_and_host_mode_publishes_no_port,
     published_ports_fallback_serves_restarts_and_stays_on_loopback,
+    on_the_host_network_restarts_keep_every_port,
 );
 
 /// Every URL of the bed and every proxy's listen and upstream address is on 127.0.0.1.
@@ -151,6 +152,47 @@ async fn every_address_is_loopback_and_host_mode_publishes_no_port(
     }
 }
 
+/// Restarts Redis and PostgreSQL of a bed of their own: a key written before is gone, both
+/// answer through their proxies after, and the bed stays on loopback. Returns the direct
+/// addresses before and after.
+async fn restart_both(bed: &TestBed) -> anyhow::Result<[(String, String); 2]> {
+    let before = (bed.redis_direct_url(), bed.database_direct_url());
+    let client = redis::Client::open(bed.redis_url())?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let _: () = redis::cmd("SET")
+        .arg("network:lease")
+        .arg("token")
+        .query_async(&mut conn)
+        .await?;
+    bed.restart(Target::Redis).await?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let survived: bool = redis::cmd("EXISTS")
+        .arg("network:lease")
+        .query_async(&mut conn)
+        .await?;
+    anyhow::ensure!(!survived, "a key survived the Redis restart");
+
+    // A container restart may move a published port; the proxies follow it.
+    bed.restart(Target::Postgres).await?;
+    let mut pg = sqlx::PgConnection::connect(&bed.database_url()).await?;
+    let one: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&mut pg).await?;
+    anyhow::ensure!(one == 1);
+    assert_loopback(bed).await?;
+    Ok([before, (bed.redis_direct_url(), bed.database_direct_url())])
+}
+
+/// Runs `check` on a bed of its own with `choice`, and removes the bed whatever the outcome.
+async fn with_own_bed<F, Fut>(choice: NetworkChoice, check: F) -> anyhow::Result<()>
+where
+    F: FnOnce(TestBed) -> Fut,
+    Fut: std::future::Future<Output = (TestBed, anyhow::Result<()>)>,
+{
+    let bed = TestBed::builder().network(choice).start().await?;
+    let (bed, outcome) = check(bed).await;
+    bed.shutdown().await;
+    outcome
+}
+
 async fn published_ports_fallback_serves_restarts_and_stays_on_loopback(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
@@ -159,39 +201,40 @@ async fn published_ports_fallback_serves_restarts_and_stays_on_loopback(
         // External services (REDIS_URL/DATABASE_URL): this run starts no containers.
         return Ok(());
     }
-    let published = TestBed::builder()
-        .network(NetworkChoice::Published)
-        .start()
-        .await?;
-    let outcome = async {
-        anyhow::ensure!(published.network() == Some(Network::Published));
-        assert_loopback(&published).await?;
-        assert_containers(&published, Network::Published).await?;
+    with_own_bed(NetworkChoice::Published, |published| async move {
+        let outcome = async {
+            anyhow::ensure!(published.network() == Some(Network::Published));
+            assert_loopback(&published).await?;
+            assert_containers(&published, Network::Published).await?;
+            restart_both(&published).await?;
+            assert_containers(&published, Network::Published).await
+        }
+        .await;
+        (published, outcome)
+    })
+    .await
+}
 
-        let client = redis::Client::open(published.redis_url())?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
-        let _: () = redis::cmd("SET")
-            .arg("network:lease")
-            .arg("token")
-            .query_async(&mut conn)
-            .await?;
-        published.restart(Target::Redis).await?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
-        let survived: bool = redis::cmd("EXISTS")
-            .arg("network:lease")
-            .query_async(&mut conn)
-            .await?;
-        anyhow::ensure!(!survived, "a key survived the Redis restart");
-
-        // A container restart may move a published port; the proxies follow it.
-        published.restart(Target::Postgres).await?;
-        let mut pg = sqlx::PgConnection::connect(&published.database_url()).await?;
-        let one: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&mut pg).await?;
-        anyhow::ensure!(one == 1);
-        assert_loopback(&published).await?;
-        assert_containers(&published, Network::Published).await
+async fn on_the_host_network_restarts_keep_every_port(bed: &TestBed) -> anyhow::Result<()> {
+    let _shared = bed.shared().await;
+    if bed.network() != Some(Network::Host) {
+        // External services, or an engine without usable host networking (the shared bed fell
+        // back to published ports): there is no host-network bed to restart here.
+        eprintln!("    no host networking in this run; nothing to restart");
+        return Ok(());
     }
-    .await;
-    published.shutdown().await;
-    outcome
+    with_own_bed(NetworkChoice::Host, |host| async move {
+        let outcome = async {
+            anyhow::ensure!(host.network() == Some(Network::Host));
+            let [before, after] = restart_both(&host).await?;
+            anyhow::ensure!(
+                before == after,
+                "a service moved across its restart: {before:?} -> {after:?}"
+            );
+            assert_containers(&host, Network::Host).await
+        }
+        .await;
+        (host, outcome)
+    })
+    .await
 }
