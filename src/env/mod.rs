@@ -24,7 +24,7 @@ pub mod reaper;
 use crate::contract::SCHEMA_SQL;
 use crate::{Error, Result};
 use backends::ModelBackend;
-use containers::{ServiceContainer, wait_ready};
+use containers::{Network, NetworkChoice, ServiceContainer, wait_ready};
 use images::{ImageConfig, Service};
 use proxy::server::ProxyServer;
 use proxy::{FaultProxy, Proxy};
@@ -80,6 +80,7 @@ pub struct TestBedBuilder {
     services: Services,
     proxy: ProxySource,
     backends: Vec<BackendSpec>,
+    network: Option<NetworkChoice>,
 }
 
 impl Default for TestBedBuilder {
@@ -97,6 +98,7 @@ impl Default for TestBedBuilder {
                     version: "v2".into(),
                 },
             ],
+            network: None,
         }
     }
 }
@@ -155,6 +157,13 @@ impl TestBedBuilder {
     /// Runs the proxy as a container from the proxy image (host network, loopback only).
     pub fn container_proxy(mut self) -> Self {
         self.proxy = ProxySource::Container;
+        self
+    }
+
+    /// How the Redis and PostgreSQL containers are reached. Unset, `RACECERT_NETWORK` decides
+    /// (default: host networking on 127.0.0.1 where usable, else published ports).
+    pub fn network(mut self, choice: NetworkChoice) -> Self {
+        self.network = Some(choice);
         self
     }
 
@@ -351,6 +360,7 @@ pub struct TestBed {
     lock: tokio::sync::RwLock<()>,
     startup: Duration,
     external_proxy: bool,
+    network: Option<Network>,
 }
 
 impl std::fmt::Debug for TestBed {
@@ -444,14 +454,25 @@ impl TestBed {
         }
 
         let mut bed_containers = (None, None);
+        let mut network = None;
         let (redis_direct_url, database_direct_url) = match &spec.services {
             Services::Containers => {
                 let password = random_password();
-                let (redis, postgres) = tokio::join!(
-                    containers::start_redis(&image_config.redis, &owner),
-                    containers::start_postgres(&image_config.postgres, &owner, &password)
-                );
-                let (redis, postgres) = (redis?, postgres?);
+                let choice = match spec.network {
+                    Some(choice) => choice,
+                    None => NetworkChoice::from_env()?,
+                };
+                let services = containers::start_services(
+                    choice,
+                    &image_config.redis,
+                    &image_config.postgres,
+                    &owner,
+                    &password,
+                    &format!("racecert-{id}"),
+                )
+                .await?;
+                network = Some(services.network);
+                let (redis, postgres) = (services.redis, services.postgres);
                 let redis_url = Url::parse(&format!("redis://{}/", redis.host_addr().await?))
                     .map_err(|e| Error::other(e.to_string()))?;
                 let database_url = Url::parse(&format!(
@@ -534,6 +555,7 @@ impl TestBed {
             dedicated: Mutex::new(Vec::new()),
             lock: tokio::sync::RwLock::new(()),
             startup: Duration::ZERO,
+            network,
         };
         bed.wait_services_ready().await?;
         bed.prepare_database(spec.services == Services::Containers)
@@ -544,6 +566,11 @@ impl TestBed {
 
     /// Waits until Redis and PostgreSQL answer a real command through their proxies.
     async fn wait_services_ready(&self) -> Result<()> {
+        self.wait_redis_ready().await?;
+        self.wait_postgres_ready().await
+    }
+
+    async fn wait_redis_ready(&self) -> Result<()> {
         let redis_url = self.redis_url();
         wait_ready("redis", READY_TIMEOUT, || {
             let redis_url = redis_url.clone();
@@ -554,6 +581,10 @@ impl TestBed {
             }
         })
         .await?;
+        Ok(())
+    }
+
+    async fn wait_postgres_ready(&self) -> Result<()> {
         let database_url = self.database_url();
         wait_ready("postgres", READY_TIMEOUT, || {
             let database_url = database_url.clone();
@@ -610,6 +641,11 @@ impl TestBed {
     /// How long [`TestBedBuilder::start`] took (images present or built, containers, schema).
     pub fn startup_time(&self) -> Duration {
         self.startup
+    }
+
+    /// How the bed's Redis and PostgreSQL containers are reached (`None` for external services).
+    pub fn network(&self) -> Option<Network> {
+        self.network
     }
 
     /// The process that owns this bed's containers.
@@ -778,9 +814,11 @@ impl TestBed {
         self.lock.write().await
     }
 
-    /// Restarts the Redis or PostgreSQL container (volatile state is lost: for Redis, every
-    /// lease), re-points every proxy in front of it if the engine moved its port, and waits until
-    /// it answers through the proxy again. Workers keep their addresses.
+    /// Restarts Redis (its server process) or the PostgreSQL container; volatile state is lost:
+    /// for Redis, every lease and stream, and every client's socket. Re-points every proxy in
+    /// front of it if the engine moved its port (published mode; on the host network and for a
+    /// Redis restart the port stays), and waits until it answers through the proxy again.
+    /// Workers keep their addresses.
     pub async fn restart(&self, target: Target) -> Result<Duration> {
         let started = Instant::now();
         let (container, slot) = match target {
@@ -820,7 +858,10 @@ impl TestBed {
                 }
             }
         }
-        self.wait_services_ready().await?;
+        match target {
+            Target::Redis => self.wait_redis_ready().await?,
+            _ => self.wait_postgres_ready().await?,
+        }
         Ok(started.elapsed())
     }
 

@@ -16,6 +16,7 @@ mod fenced_write;
 mod fleet;
 mod harness;
 mod lease;
+mod network;
 mod pipeline;
 mod proxy_faults;
 mod replay;
@@ -71,6 +72,7 @@ fn main() -> std::process::ExitCode {
         backends::tests(),
         replay::tests(),
         restart::tests(),
+        network::tests(),
         external::tests(),
         fleet::tests(),
         cleanup::tests(),
