@@ -20,6 +20,7 @@ mod pipeline;
 mod proxy_faults;
 mod replay;
 mod restart;
+mod wire;
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use racecert::env::{TestBed, TestBedBuilder, reaper};
@@ -75,6 +76,7 @@ fn main() -> std::process::ExitCode {
         external_workers::tests(),
         cleanup::tests(),
         cli::tests(),
+        wire::tests(),
     ]
     .into_iter()
     .flatten()

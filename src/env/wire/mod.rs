@@ -148,9 +148,10 @@ pub struct PgStartup {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PgBatch {
     /// `simple` (Query message) or `extended` (Parse/Bind/Execute/... up to Sync).
-    pub protocol: PgProtocol,
+    pub mode: PgProtocol,
     /// The statements, in order: one per statement of a simple query; for the extended protocol,
-    /// one per Execute, plus one per Parse that no Execute of the batch runs (a prepare).
+    /// one per Execute, plus one per Parse that no Execute of the batch runs (a prepare). Empty
+    /// for a lone Sync (sqlx's connection check) or a batch that only closes statements.
     pub statements: Vec<PgStatement>,
 }
 
@@ -243,7 +244,7 @@ pub enum RedisReply {
         /// The first [`MAX_ITEMS`] pairs.
         items: Vec<(RedisReply, RedisReply)>,
     },
-    /// A RESP3 double, as sent.
+    /// A RESP3 double (formatted from its value: `3.5`, `inf`).
     Double(String),
     /// A RESP3 boolean.
     Bool(bool),

@@ -391,7 +391,7 @@ impl PgFramer {
             }
         }
         Request::Postgres(PgRequest::Batch(PgBatch {
-            protocol: PgProtocol::Extended,
+            mode: PgProtocol::Extended,
             statements,
         }))
     }
@@ -491,7 +491,7 @@ impl PgFramer {
                 if let Request::Postgres(PgRequest::Batch(b)) = &mut request {
                     b.statements.extend(statements);
                     if batch.statements.is_empty() && batch.parsed.is_empty() {
-                        b.protocol = PgProtocol::Simple;
+                        b.mode = PgProtocol::Simple;
                     }
                 }
                 self.finish(request, batch.ready_sent, ev);
@@ -608,7 +608,7 @@ impl PgFramer {
                 self.batch = None;
                 self.answering.push_back(Answering::default());
                 let request = Request::Postgres(PgRequest::Batch(PgBatch {
-                    protocol: PgProtocol::Simple,
+                    mode: PgProtocol::Simple,
                     statements: vec![statement],
                 }));
                 self.finish(request, false, ev);

@@ -1102,3 +1102,217 @@ mod fuzz {
         }
     }
 }
+
+#[test]
+fn round_trips_survive_json() {
+    let mut exchange = prepare_and_execute_twice();
+    let (mut trips, _) = run(Protocol::Postgres, &exchange.split_off(0));
+    let mut redis = resp(&[b"HELLO", b"3"]);
+    redis.extend(resp(&[b"GET", b"k"]));
+    let (more, _) = run(
+        Protocol::Redis,
+        &[
+            (Client, redis),
+            (Server, b"%1\r\n+proto\r\n:3\r\n$1\r\nv\r\n".to_vec()),
+        ],
+    );
+    trips.extend(more);
+    let (more, _) = run(
+        Protocol::Http,
+        &[
+            (
+                Client,
+                b"GET /x HTTP/1.1\r\ncontent-length: 0\r\n\r\n".to_vec(),
+            ),
+            (Server, b"HTTP/1.1 204 No Content\r\n\r\n".to_vec()),
+        ],
+    );
+    trips.extend(more);
+    assert_eq!(trips.len(), 7);
+    for trip in trips {
+        let json = serde_json::to_string(&trip).expect("serializes");
+        let value: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
+        assert!(value.is_object());
+        let back: RoundTrip = serde_json::from_str(&json).expect("deserializes");
+        assert_eq!(back, trip, "{json}");
+    }
+}
+
+/// Framing throughput on a realistic mix, printed (not asserted): run with
+/// `cargo test --release --lib wire::tests::framing_throughput -- --ignored --nocapture`.
+#[test]
+#[ignore = "prints a measurement; run on demand"]
+fn framing_throughput() {
+    let cache_value = vec![b'x'; 2048];
+    // Redis: a worker's lease, cache lookups and writes, a queue read, in pipelines.
+    let mut redis_client = Vec::new();
+    let mut redis_server = Vec::new();
+    redis_client.extend(resp(&[
+        b"SET",
+        b"inference:lock:job-42",
+        b"0b7a9c",
+        b"NX",
+        b"PX",
+        b"30000",
+    ]));
+    redis_server.extend_from_slice(b"+OK\r\n");
+    redis_client.extend(resp(&[
+        b"GET",
+        b"inf:v2:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+    ]));
+    redis_server.extend(format!("${}\r\n", cache_value.len()).bytes());
+    redis_server.extend_from_slice(&cache_value);
+    redis_server.extend_from_slice(b"\r\n");
+    redis_client.extend(resp(&[
+        b"SET",
+        b"inf:v2:9f86d08188",
+        &cache_value,
+        b"EX",
+        b"600",
+    ]));
+    redis_server.extend_from_slice(b"+OK\r\n");
+    redis_client.extend(resp(&[
+        b"XREADGROUP",
+        b"GROUP",
+        b"workers",
+        b"w0",
+        b"COUNT",
+        b"1",
+        b"BLOCK",
+        b"100",
+        b"STREAMS",
+        b"jobs",
+        b">",
+    ]));
+    redis_server.extend_from_slice(b"*1\r\n*2\r\n$4\r\njobs\r\n*1\r\n*2\r\n$15\r\n1700000000000-0\r\n*4\r\n$3\r\nkey\r\n$6\r\njob-42\r\n$5\r\ninput\r\n$11\r\nhello world\r\n");
+    redis_client.extend(resp(&[
+        b"EVALSHA",
+        b"e0e1f9fabfc9d4800c877a703b823ac0578ff8db",
+        b"1",
+        b"inference:lock:job-42",
+        b"0b7a9c",
+    ]));
+    redis_server.extend_from_slice(b":1\r\n");
+    // PostgreSQL: a claim and a fenced final write by name, with replies.
+    let mut pg_client = Vec::new();
+    let mut pg_server = Vec::new();
+    for (stmt, sql) in [
+        (
+            "s1",
+            "UPDATE inference_jobs SET status = 'IN_PROGRESS', lease_token = $2, attempt = attempt + 1 WHERE idempotency_key = $1 AND status = 'PENDING' RETURNING generation",
+        ),
+        (
+            "s2",
+            "UPDATE inference_jobs SET status = 'SUCCEEDED', output = $3 WHERE idempotency_key = $1 AND lease_token = $2",
+        ),
+    ] {
+        pg_client.extend(pgs(vec![
+            pg(Bind::new(
+                None,
+                Some(stmt.into()),
+                vec![0],
+                vec![
+                    Some(Bytes::from_static(b"job-42")),
+                    Some(Bytes::from_static(b"0b7a9c")),
+                    Some(Bytes::copy_from_slice(&cache_value[..512])),
+                ],
+                vec![1],
+            )),
+            pg(Execute::new(None, 0)),
+            pg(Sync::new()),
+        ]));
+        pg_server.extend(pgs(vec![
+            pg(BindComplete::new()),
+            row(&[Some(&7i64.to_be_bytes())]),
+            pg(CommandComplete::new("UPDATE 1".into())),
+            pg(ReadyForQuery::new(TransactionStatus::Idle)),
+        ]));
+        let _ = sql;
+    }
+    // HTTP: a model call.
+    let body = br#"{"input":"hello world","model_version":"v2","max_tokens":64}"#;
+    let mut http_client = format!("POST /v1/infer HTTP/1.1\r\nhost: model-b\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes();
+    http_client.extend_from_slice(body);
+    let answer = br#"{"output":"v2:hello world","model_version":"v2"}"#;
+    let mut http_server = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        answer.len()
+    )
+    .into_bytes();
+    http_server.extend_from_slice(answer);
+
+    let measure = |protocol: Protocol,
+                   prelude: Vec<(Dir, Vec<u8>)>,
+                   client: &[u8],
+                   server: &[u8]| {
+        let (conn, collect) = open(protocol, None);
+        for (dir, bytes) in prelude {
+            match dir {
+                Client => {
+                    let _ = conn.to_server(&Bytes::from(bytes));
+                }
+                Server => conn.to_client(&Bytes::from(bytes)),
+            }
+        }
+        let rounds = (16 * 1024 * 1024) / (client.len() + server.len()) + 1;
+        let (client, server) = (
+            Bytes::copy_from_slice(client),
+            Bytes::copy_from_slice(server),
+        );
+        let started = std::time::Instant::now();
+        for _ in 0..rounds {
+            assert!(conn.to_server(&client).is_none());
+            conn.to_client(&server);
+        }
+        let elapsed = started.elapsed();
+        let bytes = rounds * (client.len() + server.len());
+        let trips = collect.trips.lock().unwrap().len();
+        assert!(collect.opaque.lock().unwrap().is_empty());
+        println!(
+            "{protocol}: {:.1} MB/s, {:.0} round trips/s ({} MB, {trips} round trips in {elapsed:.2?})",
+            bytes as f64 / elapsed.as_secs_f64() / 1e6,
+            trips as f64 / elapsed.as_secs_f64(),
+            bytes / 1_000_000,
+        );
+    };
+    measure(Protocol::Redis, Vec::new(), &redis_client, &redis_server);
+    let mut prelude = startup_exchange();
+    prelude.push((
+        Client,
+        pgs(vec![
+            pg(Parse::new(Some("s1".into()), "UPDATE inference_jobs SET status = 'IN_PROGRESS', lease_token = $2 WHERE idempotency_key = $1 RETURNING generation".into(), vec![25, 25, 25])),
+            pg(Parse::new(Some("s2".into()), "UPDATE inference_jobs SET status = 'SUCCEEDED', output = $3 WHERE idempotency_key = $1 AND lease_token = $2 RETURNING generation".into(), vec![25, 25, 25])),
+            pg(Describe::new(b'S', Some("s1".into()))),
+            pg(Describe::new(b'S', Some("s2".into()))),
+            pg(Sync::new()),
+        ]),
+    ));
+    prelude.push((
+        Server,
+        pgs(vec![
+            pg(ParseComplete::new()),
+            pg(ParseComplete::new()),
+            pg(RowDescription::new(vec![FieldDescription::new(
+                "generation".into(),
+                0,
+                0,
+                20,
+                8,
+                -1,
+                0,
+            )])),
+            pg(RowDescription::new(vec![FieldDescription::new(
+                "generation".into(),
+                0,
+                0,
+                20,
+                8,
+                -1,
+                0,
+            )])),
+            pg(ReadyForQuery::new(TransactionStatus::Idle)),
+        ]),
+    ));
+    measure(Protocol::Postgres, prelude, &pg_client, &pg_server);
+    measure(Protocol::Http, Vec::new(), &http_client, &http_server);
+}

@@ -115,17 +115,10 @@ async fn start(toxics: Toxics) -> Bench {
         enabled: true,
         rand_seed: Some(7),
     };
-    // The engine binds the configured address; find a free port first.
-    let probe = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let listen = probe.local_addr().unwrap();
-    drop(probe);
-    let config = ProxyConfig {
-        listen: listen.to_string(),
-        ..config
-    };
     let (listener, info) = ProxyRunner::initialize_proxy::<EngineListener>(config, toxics)
         .await
         .unwrap();
+    let listen = listener.local_addr().unwrap();
     let (events_tx, receiver) = bmrng::channel(1);
     let (stop, stopper) = Stop::new();
     let (closed, closer) = Close::new();
