@@ -91,6 +91,20 @@ fn analyze(sql: &str) -> Vec<(String, String, Vec<String>)> {
                         }
                         std::ops::ControlFlow::<()>::Continue(())
                     });
+                    // The visitor does not see the tables a DROP TABLE names.
+                    if let sqlparser::ast::Statement::Drop {
+                        object_type: sqlparser::ast::ObjectType::Table,
+                        names,
+                        ..
+                    } = st
+                    {
+                        for table in names {
+                            let table = table.to_string();
+                            if !tables.contains(&table) {
+                                tables.push(table);
+                            }
+                        }
+                    }
                     // CTE names are relations of the statement, not tables.
                     if let sqlparser::ast::Statement::Query(q) = st
                         && let Some(with) = &q.with
@@ -116,6 +130,13 @@ fn analyze(sql: &str) -> Vec<(String, String, Vec<String>)> {
             vec![(sql_text, verb, Vec::new())]
         }
     }
+}
+
+/// The verb and tables of a single statement.
+#[cfg(test)]
+pub(crate) fn analyze_for_tests(sql: &str) -> (String, Vec<String>) {
+    let (_, verb, tables) = analyze(sql).into_iter().next().unwrap_or_default();
+    (verb, tables)
 }
 
 /// A value of type `oid` in wire format `format` (0 text, 1 binary), as short text.

@@ -629,6 +629,36 @@ fn postgres_a_named_statement_executed_later_carries_its_sql_and_params() {
 }
 
 #[test]
+fn sql_statements_name_their_verb_and_tables() {
+    let one = |sql: &str| super::postgres::analyze_for_tests(sql);
+    assert_eq!(
+        one(
+            "WITH c AS (SELECT * FROM inference_jobs) UPDATE inference_jobs SET attempt = 1 FROM c WHERE c.id = inference_jobs.id"
+        ),
+        ("WITH".to_owned(), vec!["inference_jobs".to_owned()])
+    );
+    assert_eq!(
+        one("insert into audit (a) select a from inference_jobs"),
+        (
+            "INSERT".to_owned(),
+            vec!["audit".to_owned(), "inference_jobs".to_owned()]
+        )
+    );
+    assert_eq!(
+        one("DROP TABLE IF EXISTS t1"),
+        ("DROP".to_owned(), vec!["t1".to_owned()])
+    );
+    assert_eq!(
+        one("DELETE FROM public.jobs WHERE id = $1"),
+        ("DELETE".to_owned(), vec!["public.jobs".to_owned()])
+    );
+    assert_eq!(
+        one("not sql at all ((("),
+        ("NOT".to_owned(), Vec::<String>::new())
+    );
+}
+
+#[test]
 fn postgres_errors_carry_sqlstate_and_the_failed_transaction() {
     let mut exchange = startup_exchange();
     exchange.push((
