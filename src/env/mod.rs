@@ -20,6 +20,7 @@ pub mod containers;
 pub mod images;
 pub mod proxy;
 pub mod reaper;
+pub mod wire;
 
 use crate::contract::SCHEMA_SQL;
 use crate::{Error, Result};

@@ -21,6 +21,7 @@ mod pipeline;
 mod proxy_faults;
 mod replay;
 mod restart;
+mod wire;
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use racecert::env::{TestBed, TestBedBuilder, reaper};
@@ -77,6 +78,7 @@ fn main() -> std::process::ExitCode {
         fleet::tests(),
         cleanup::tests(),
         cli::tests(),
+        wire::tests(),
     ]
     .into_iter()
     .flatten()

@@ -33,6 +33,8 @@ pub mod socket;
 /// Contains the shared proxy and toxic state
 pub mod state;
 mod stream;
+/// racecert patch: taps that observe (and may hold) the bytes of every connection
+pub mod tap;
 mod tests;
 /// Contains the toxic data types
 pub mod toxic;

@@ -5,6 +5,7 @@ use crate::{
     signal::{Closer, Stop},
     state::{ProxyState, SharedProxyInfo, ToxicStateHolder},
     stream::{Read, Write},
+    tap::{ConnGuard, ConnInfo, Flow, Tap},
     toxic::{
         update_toxic_list_in_place, StreamDirection, Toxic, ToxicEvent, ToxicEventResult, ToxicKind,
     },
@@ -17,6 +18,7 @@ use mockall::automock;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::{io, mem};
 use thiserror::Error;
@@ -25,6 +27,9 @@ use tracing::{debug, error, info, instrument};
 
 /// The default Go io.Copy buffer size is 32K, so also use 32K buffers here to imitate Toxiproxy.
 const READ_BUFFER_SIZE: usize = 32768;
+
+/// racecert patch: the ids of tapped connections, unique across the proxies of this process.
+static NEXT_CONN_ID: AtomicU64 = AtomicU64::new(1);
 
 /// The immutable configuration for a proxy
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -211,8 +216,28 @@ impl Runner for ProxyRunner {
         listener: Listener,
         proxy_info: SharedProxyInfo,
         receiver: RequestReceiver<ToxicEvent, ToxicEventResult>,
+        stop: Stop,
+        closer: Closer,
+    ) -> io::Result<()>
+    where
+        Listener: SocketListener + 'static,
+    {
+        ProxyRunner::run_proxy_with_tap(listener, proxy_info, receiver, stop, closer, None).await
+    }
+}
+
+impl ProxyRunner {
+    /// racecert patch: [`Runner::run_proxy`] with an optional tap that observes (and may hold)
+    /// the bytes of every connection this run accepts (see [`crate::tap`]). With `None` this is
+    /// exactly `run_proxy`.
+    #[instrument(level = "debug", skip(listener, receiver, stop, closer, tap))]
+    pub async fn run_proxy_with_tap<Listener>(
+        listener: Listener,
+        proxy_info: SharedProxyInfo,
+        receiver: RequestReceiver<ToxicEvent, ToxicEventResult>,
         mut stop: Stop,
         closer: Closer,
+        tap: Option<Arc<dyn Tap>>,
     ) -> io::Result<()>
     where
         Listener: SocketListener + 'static,
@@ -251,11 +276,27 @@ impl Runner for ProxyRunner {
                 let (client_read, client_write) = client_stream.into_split();
                 let (upstream_read, upstream_write) = upstream.into_split();
 
-                let client_read =
-                    FramedRead::with_capacity(client_read, BytesCodec::new(), READ_BUFFER_SIZE);
+                // racecert patch: both readers share the connection's tap, if the run has one.
+                let conn_tap = tap.as_deref().map(|tap| {
+                    ConnGuard::open(
+                        tap,
+                        ConnInfo {
+                            id: NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed),
+                            proxy: config.name.clone(),
+                            client: addr,
+                            upstream: config.upstream.clone(),
+                        },
+                    )
+                });
+                let client_read = Read::new(
+                    FramedRead::with_capacity(client_read, BytesCodec::new(), READ_BUFFER_SIZE),
+                    conn_tap.clone().map(|conn| (conn, Flow::ToServer)),
+                );
                 let client_write = FramedWrite::new(client_write, BytesCodec::new());
-                let upstream_read =
-                    FramedRead::with_capacity(upstream_read, BytesCodec::new(), READ_BUFFER_SIZE);
+                let upstream_read = Read::new(
+                    FramedRead::with_capacity(upstream_read, BytesCodec::new(), READ_BUFFER_SIZE),
+                    conn_tap.map(|conn| (conn, Flow::ToClient)),
+                );
                 let upstream_write = FramedWrite::new(upstream_write, BytesCodec::new());
 
                 let toxics = state.lock().toxics.clone();

@@ -53,6 +53,14 @@ pub struct TcpStream {
     inner: TokioTcpStream,
 }
 
+impl TcpListener {
+    /// racecert patch: the address the listener is bound to (a proxy configured to listen on
+    /// port 0 gets a free port; this tells which).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
 #[async_trait]
 impl SocketListener for TcpListener {
     type Stream = TcpStream;

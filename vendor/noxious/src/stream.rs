@@ -1,13 +1,14 @@
 use crate::signal::Stop;
-use crate::socket::{ReadStream, WriteStream};
-use bytes::{Bytes, BytesMut};
+use crate::socket::WriteStream;
+use bytes::Bytes;
 use futures::{Sink, SinkExt, Stream, StreamExt};
 use std::io;
 use std::pin::Pin;
 
-use tokio_util::codec::{BytesCodec, FramedRead, FramedWrite};
+use tokio_util::codec::{BytesCodec, FramedWrite};
 
-pub(crate) type Read = FramedRead<ReadStream, BytesCodec>;
+// racecert patch: the reader is a stream of chunks that may carry a tap (see `crate::tap`).
+pub(crate) use crate::tap::Read;
 pub(crate) type Write = FramedWrite<WriteStream, BytesCodec>;
 
 pub(crate) async fn forward(
@@ -16,14 +17,14 @@ pub(crate) async fn forward(
     stop: &mut Stop,
 ) -> io::Result<()> {
     while !stop.stop_received() {
-        let maybe_res: Option<io::Result<BytesMut>> = tokio::select! {
+        let maybe_res: Option<io::Result<Bytes>> = tokio::select! {
             res = reader.next() => res,
             _ = stop.recv() => None
         };
         if let Some(res) = maybe_res {
             match res {
                 Ok(chunk) => {
-                    if let Err(_err) = writer.send(chunk.into()).await {
+                    if let Err(_err) = writer.send(chunk).await {
                         // writer closed
                         break;
                     }
@@ -47,14 +48,14 @@ pub(crate) async fn forward_read(
     stop: &mut Stop,
 ) -> io::Result<Read> {
     while !stop.stop_received() {
-        let maybe_res: Option<io::Result<BytesMut>> = tokio::select! {
+        let maybe_res: Option<io::Result<Bytes>> = tokio::select! {
             res = reader.next() => res,
             _ = stop.recv() => None
         };
         if let Some(res) = maybe_res {
             match res {
                 Ok(chunk) => {
-                    if let Err(_err) = writer.send(chunk.into()).await {
+                    if let Err(_err) = writer.send(chunk).await {
                         // writer channel closed
                         break;
                     }

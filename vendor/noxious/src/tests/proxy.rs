@@ -260,7 +260,7 @@ async fn test_link_disband() {
     let (write, _handle_write) = test_io::Builder::new().build_with_handle();
     let read = ReadStream::new(read);
     let write = WriteStream::new(write);
-    let read = FramedRead::with_capacity(read, BytesCodec::new(), 1024);
+    let read = FramedRead::with_capacity(read, BytesCodec::new(), 1024).into();
     let write = FramedWrite::new(write, BytesCodec::new());
 
     let (stop, stopper) = Stop::new();
