@@ -94,7 +94,7 @@ pub fn reconstruct(parsed: &Parsed, only: Option<&str>) -> Reconstruction {
     let mut order: Vec<String> = Vec::new();
     let mut stories: BTreeMap<String, RequestStory> = BTreeMap::new();
     let mut cutovers = Vec::new();
-    for ParsedLine { line_no, line } in &parsed.lines {
+    for ParsedLine { line_no, line, .. } in &parsed.lines {
         if line.status() == Some("cutover") {
             cutovers.push((
                 *line_no,
