@@ -73,15 +73,16 @@ enum Command {
         #[arg(long = "defect", value_name = "NAME")]
         defects: Vec<String>,
     },
-    /// Reproduce a race reported in production logs (logfmt or JSON lines).
+    /// Diagnose the races in production logs (logfmt, JSON or Celery lines) and reproduce each
+    /// cause against the reference worker, with the defect it needs and then safe.
     Replay {
         /// The log file.
         file: PathBuf,
-        /// The request (request id or idempotency key) to replay (default: the first with a
-        /// race).
+        /// Only this request's causes (request id, idempotency key or job id).
         #[arg(long)]
         request: Option<String>,
-        /// Defects to switch on in the reference worker (repeatable).
+        /// Defects to switch on in the reference worker for every cause, instead of each cause's
+        /// own (repeatable).
         #[arg(long = "defect", value_name = "NAME")]
         defects: Vec<String>,
         /// Output format.
@@ -354,119 +355,33 @@ async fn replay(
 ) -> Result<std::process::ExitCode> {
     let bytes = std::fs::read(file).with_context(|| format!("read {}", file.display()))?;
     let analysis = racecert::replay::analyse(&bytes, request);
-    let chosen = request
-        .map(str::to_owned)
-        .or_else(|| analysis.findings.first().map(|f| f.request_id.clone()))
-        .or_else(|| {
-            analysis
-                .reconstruction
-                .requests
-                .first()
-                .map(|r| r.request_id.clone())
-        });
-    let Some(chosen) = chosen.filter(|id| {
-        analysis
-            .reconstruction
-            .requests
-            .iter()
-            .any(|r| &r.request_id == id)
-    }) else {
-        match format {
-            Format::Text => print!("{}", analysis.text()),
-            Format::Json => println!("{}", serde_json::to_string_pretty(&analysis)?),
+    let print = |text: String, json: String| match format {
+        Format::Text => print!("{text}"),
+        Format::Json => println!("{json}"),
+    };
+    if analysis.reconstruction.requests.is_empty() || analysis.findings.is_empty() {
+        print(analysis.text(), serde_json::to_string_pretty(&analysis)?);
+        if analysis.reconstruction.requests.is_empty() {
+            eprintln!(
+                "{}: nothing to replay: no inference request could be reconstructed{}",
+                file.display(),
+                request.map(|r| format!(" for {r}")).unwrap_or_default()
+            );
+            return Ok(std::process::ExitCode::from(NOTHING_RECONSTRUCTED));
         }
-        eprintln!(
-            "{}: nothing to replay: no inference request could be reconstructed{}",
-            file.display(),
-            request.map(|r| format!(" for {r}")).unwrap_or_default()
-        );
-        return Ok(std::process::ExitCode::from(NOTHING_RECONSTRUCTED));
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
+    let given = defects.iter().next().is_some();
+    let options = racecert::replay::ReproduceOptions {
+        defects: given.then_some(defects),
+        ..Default::default()
     };
     let bed = TestBedBuilder::from_env()?.start().await?;
-    let run = racecert::replay::replay_on(&bed, &analysis, &chosen, defects.clone()).await;
+    let report = racecert::replay::reproduce_on(&bed, analysis, &options).await;
     bed.shutdown().await;
-    let run = run?;
-    let held = run.result.violations.is_empty();
-    let names = |races: &[racecert::replay::Race]| {
-        races
-            .iter()
-            .map(|r| r.name())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    match format {
-        Format::Text => {
-            print!("{}", analysis.text());
-            println!(
-                "replaying {chosen} with workers {} against the reference worker{}:",
-                run.workers
-                    .iter()
-                    .map(|w| format!("{} ({})", w.id, w.version))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                if defects.iter().next().is_some() {
-                    format!(
-                        " with {}",
-                        defects
-                            .iter()
-                            .map(|d| d.name())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                } else {
-                    String::new()
-                }
-            );
-            print!("{}", run.schedule);
-            println!("timeline:\n{}", run.result.history.timeline());
-            println!(
-                "race reproduced: {}",
-                if run.reproduced.is_empty() {
-                    "-".into()
-                } else {
-                    names(&run.reproduced)
-                }
-            );
-            println!(
-                "race prevented:  {}",
-                if run.prevented.is_empty() {
-                    "-".into()
-                } else {
-                    names(&run.prevented)
-                }
-            );
-            for violation in &run.result.violations {
-                print!("{violation}");
-            }
-            println!(
-                "{}",
-                if held {
-                    "every invariant held"
-                } else {
-                    "invariants violated"
-                }
-            );
-        }
-        Format::Json => {
-            let value = serde_json::json!({
-                "analysis": analysis,
-                "request": chosen,
-                "workers": run.workers,
-                "schedule": run.schedule,
-                "reproduced": run.reproduced,
-                "prevented": run.prevented,
-                "timeline": run.result.history.timeline(),
-                "violations": run.result.violations.iter().map(|v| serde_json::json!({
-                    "invariant": v.invariant.name(),
-                    "observed": v.observed,
-                    "evidence": v.evidence,
-                })).collect::<Vec<_>>(),
-                "held": held,
-            });
-            println!("{}", serde_json::to_string_pretty(&value)?);
-        }
-    }
-    Ok(exit_code(held))
+    let report = report?;
+    print(report.text(), serde_json::to_string_pretty(&report)?);
+    Ok(exit_code(report.held()))
 }
 
 async fn certify_external_command(

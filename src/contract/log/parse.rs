@@ -462,7 +462,10 @@ fn meaning(key: &str) -> Option<Meaning> {
         "cachekey" => Meaning::Field("cache_key"),
         "servedmodelversion" | "servedversion" => Meaning::Field("served_model_version"),
         "cachedmodelversion" | "cachedversion" => Meaning::Field("cached_model_version"),
-        "previousmodelversion" | "previousversion" | "fromversion" | "oldversion"
+        "previousmodelversion"
+        | "previousversion"
+        | "fromversion"
+        | "oldversion"
         | "frommodelversion" => Meaning::Field("previous_model_version"),
         "newmodelversion" | "newversion" | "toversion" | "targetversion" | "tomodelversion" => {
             Meaning::Field("new_model_version")
@@ -513,7 +516,10 @@ pub fn read_timestamp(raw: &str) -> Option<jiff::Timestamp> {
         return Some(ts);
     }
     let civil: jiff::civil::DateTime = normal.parse().ok()?;
-    civil.to_zoned(jiff::tz::TimeZone::UTC).ok().map(|z| z.timestamp())
+    civil
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .ok()
+        .map(|z| z.timestamp())
 }
 
 fn level_of(word: &str) -> Option<Level> {
@@ -552,12 +558,10 @@ struct Reader {
     traceback: bool,
 }
 
-static COMPOSE_PREFIX: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^([A-Za-z0-9][\w.@-]*)\s+\|\s?(.*)$").expect("valid regex")
-});
-static KUBECTL_PREFIX: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^\[pod/([^/\]\s]+)/[^\]\s]*\]\s?(.*)$").expect("valid regex")
-});
+static COMPOSE_PREFIX: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^([A-Za-z0-9][\w.@-]*)\s+\|\s?(.*)$").expect("valid regex"));
+static KUBECTL_PREFIX: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^\[pod/([^/\]\s]+)/[^\]\s]*\]\s?(.*)$").expect("valid regex"));
 static CELERY_LINE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
         r"^\[(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[,.]\d+)?): ([A-Za-z]+)/([^\]]+)\]\s?(.*)$",
@@ -569,17 +573,18 @@ static CELERY_BANNER: LazyLock<Regex> =
 static CELERY_READY: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^(\S+@\S+) ready\.?$").expect("valid regex"));
 static CELERY_TASK: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^(?:Task ([^\s\[]+)\[([^\]\s]+)\] (.*)|Received task: ([^\s\[]+)\[([^\]\s]+)\].*)$")
-        .expect("valid regex")
+    Regex::new(
+        r"^(?:Task ([^\s\[]+)\[([^\]\s]+)\] (.*)|Received task: ([^\s\[]+)\[([^\]\s]+)\].*)$",
+    )
+    .expect("valid regex")
 });
 static CELERY_SUCCEEDED: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^succeeded in ([0-9.eE+-]+)s(?::\s?(.*))?$").expect("valid regex")
 });
 static CELERY_RETRY_IN: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"Retry in ([0-9.]+)s").expect("valid regex"));
-static CELERY_RESTORING: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^Restoring (\d+) unacknowledged message").expect("valid regex")
-});
+static CELERY_RESTORING: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^Restoring (\d+) unacknowledged message").expect("valid regex"));
 static CELERY_TASK_LOGGER: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^([^\s\[]+)\[([^\]\s]+)\]: (.*)$").expect("valid regex"));
 
@@ -606,13 +611,7 @@ impl Reader {
         if let Some(captures) = CELERY_LINE.captures(body) {
             self.banner = false;
             let group = |i| captures.get(i).map_or("", |m| m.as_str());
-            return Ok(self.celery(
-                source,
-                group(1),
-                group(2),
-                group(3).trim(),
-                group(4).trim(),
-            ));
+            return Ok(self.celery(source, group(1), group(2), group(3).trim(), group(4).trim()));
         }
         if let Some(captures) = CELERY_BANNER.captures(body) {
             self.banner = true;
@@ -671,7 +670,6 @@ impl Reader {
         };
         finish(raw)
     }
-
 }
 
 fn finish(raw: Raw) -> Read {
@@ -982,7 +980,10 @@ fn canonical(raw: Raw) -> (LogLine, Option<i64>) {
     if !has(&fields, "attempt")
         && let Some(retries) = retries.and_then(|r| r.trim().parse::<u32>().ok())
     {
-        fields.push(("attempt".to_owned(), (retries.saturating_add(1)).to_string()));
+        fields.push((
+            "attempt".to_owned(),
+            (retries.saturating_add(1)).to_string(),
+        ));
     }
     if !has(&fields, "worker_id")
         && let Some(worker) = raw.worker

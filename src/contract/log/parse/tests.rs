@@ -99,7 +99,11 @@ fn nested_json_is_flattened_then_folded() {
     assert_eq!(line.get("span"), None);
     assert_eq!(line.status_word(), Some(Status::CacheHit));
     assert!(parse_line("[1, 2]").is_err());
-    assert!(parse_line(r#"{"request_id":"r","#).unwrap_err().starts_with("invalid JSON"));
+    assert!(
+        parse_line(r#"{"request_id":"r","#)
+            .unwrap_err()
+            .starts_with("invalid JSON")
+    );
 }
 
 #[test]
@@ -120,7 +124,12 @@ fn timestamps_in_every_common_shape() {
     ] {
         assert_eq!(at(shape), expected, "{shape}");
     }
-    for bad in ["", "yesterday", "2026-13-45T99:99:99Z", "9".repeat(80).as_str()] {
+    for bad in [
+        "",
+        "yesterday",
+        "2026-13-45T99:99:99Z",
+        "9".repeat(80).as_str(),
+    ] {
         assert_eq!(at(bad), None, "{bad}");
     }
     let python = one("2026-06-26 10:15:21,104 WARNING worker request_id=r status=cache_miss");
@@ -139,16 +148,34 @@ fn free_text_maps_to_a_status_only_when_unambiguous() {
         ("Cache-Miss", Some(Status::CacheMiss)),
         ("inferenceStarted", Some(Status::InferenceStarted)),
         ("served from cache", Some(Status::CacheHit)),
-        ("calling model backend model-b", Some(Status::InferenceStarted)),
-        ("still waiting for upstream", Some(Status::TimeoutWaitingUpstream)),
+        (
+            "calling model backend model-b",
+            Some(Status::InferenceStarted),
+        ),
+        (
+            "still waiting for upstream",
+            Some(Status::TimeoutWaitingUpstream),
+        ),
         ("result stored", Some(Status::InferenceSucceeded)),
         ("message acknowledged", Some(Status::Acked)),
         ("3 unacknowledged", None),
-        ("late write rejected: fenced", Some(Status::LateWriteRejected)),
-        ("already succeeded, skipping", Some(Status::AlreadyCompleted)),
-        ("cache invalidation finished", Some(Status::CacheInvalidated)),
+        (
+            "late write rejected: fenced",
+            Some(Status::LateWriteRejected),
+        ),
+        (
+            "already succeeded, skipping",
+            Some(Status::AlreadyCompleted),
+        ),
+        (
+            "cache invalidation finished",
+            Some(Status::CacheInvalidated),
+        ),
         ("rollout started: v1 -> v2", Some(Status::Cutover)),
-        ("Worker exited prematurely: signal 9 (SIGKILL)", Some(Status::WorkerLost)),
+        (
+            "Worker exited prematurely: signal 9 (SIGKILL)",
+            Some(Status::WorkerLost),
+        ),
         // Two statuses with equally specific phrasings: kept raw.
         ("cache hit cache miss", None),
         ("warming up", None),
