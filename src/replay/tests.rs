@@ -479,6 +479,47 @@ fn a_celery_worker_log_shows_the_visibility_timeout_double_execution() {
 }
 
 #[test]
+fn a_merged_celery_log_names_workers_by_prefix_and_shows_the_restore_sweep() {
+    let log = "\
+worker-a-1  | [2026-06-26 10:15:15,210: INFO/MainProcess] celery@a ready.
+worker-a-1  | [2026-06-26 10:15:21,104: INFO/MainProcess] Task tasks.infer[t-1] received
+worker-b-1  | [2026-06-26 10:15:27,990: INFO/MainProcess] celery@b ready.
+worker-b-1  | [2026-06-26 10:15:28,000: WARNING/MainProcess] Restoring 1 unacknowledged message(s)
+worker-b-1  | [2026-06-26 10:15:28,415: INFO/MainProcess] Task tasks.infer[t-1] received
+worker-a-1  | [2026-06-26 10:15:33,110: INFO/ForkPoolWorker-1] Task tasks.infer[t-1] succeeded in 12.00s: None
+worker-b-1  | [2026-06-26 10:15:40,480: INFO/ForkPoolWorker-1] Task tasks.infer[t-1] succeeded in 12.00s: None
+";
+    let analysis = expect(
+        log,
+        &[
+            (Cause::MultipleWorkers, "t-1", &[2, 5]),
+            (Cause::RetryWhileRunning, "t-1", &[2, 5]),
+            (Cause::MultipleFinalWrites, "t-1", &[6, 7]),
+            (Cause::VisibilityTimeoutTooShort, "t-1", &[2, 4, 5, 6]),
+        ],
+    );
+    assert!(
+        finding(&analysis, Cause::MultipleWorkers)
+            .explanation
+            .ends_with("celery@a/ForkPoolWorker-1, celery@b/ForkPoolWorker-1"),
+    );
+    let marks: Vec<(usize, Status, Option<&str>)> = analysis
+        .reconstruction
+        .marks
+        .iter()
+        .map(|m| (m.line, m.status, m.worker_id.as_deref()))
+        .collect();
+    assert_eq!(
+        marks,
+        vec![
+            (1, Status::WorkerStarted, Some("celery@a")),
+            (3, Status::WorkerStarted, Some("celery@b")),
+            (4, Status::DeliveriesRestored, Some("celery@b")),
+        ]
+    );
+}
+
+#[test]
 fn a_lost_job_after_an_early_ack() {
     let analysis = expect(
         fixture!("lost-job.python.log"),

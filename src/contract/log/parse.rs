@@ -613,7 +613,9 @@ impl Reader {
             let group = |i| captures.get(i).map_or("", |m| m.as_str());
             return Ok(self.celery(source, group(1), group(2), group(3).trim(), group(4).trim()));
         }
-        if let Some(captures) = CELERY_BANNER.captures(body) {
+        if body.starts_with("--")
+            && let Some(captures) = CELERY_BANNER.captures(body)
+        {
             self.banner = true;
             self.hostnames
                 .insert(source.unwrap_or("").to_owned(), captures[1].to_owned());

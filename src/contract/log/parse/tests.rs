@@ -64,6 +64,13 @@ fn common_spellings_take_the_seed_names() {
         let expected = if field == "attempt" { "2" } else { "1" };
         assert_eq!(line.get(field), Some(expected), "{spelling}");
     }
+    assert_eq!(canonical_field("x-request-id"), Some("request_id"));
+    assert_eq!(canonical_field("@timestamp"), Some("ts"));
+    assert_eq!(
+        canonical_field("queue.receive_count"),
+        Some("queue_receive_count")
+    );
+    assert_eq!(canonical_field("colour"), None);
     // `version` and `model` name the model version only when the value can be nothing else.
     assert_eq!(
         one("request_id=r version=1.2 status=cache_miss").get("model_version"),
