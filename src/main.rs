@@ -102,15 +102,16 @@ enum Command {
         #[arg(long = "defect", value_name = "NAME")]
         defects: Vec<Defect>,
     },
-    /// Reproduce a race reported in production logs (logfmt or JSON lines).
+    /// Diagnose the races in production logs (logfmt, JSON or Celery lines) and reproduce each
+    /// cause against the reference worker, with the defect it needs and then safe.
     Replay {
         /// The log file.
         file: PathBuf,
-        /// The request (request id or idempotency key) to replay (default: the first with a
-        /// race).
+        /// Only this request's causes (request id, idempotency key or job id).
         #[arg(long)]
         request: Option<String>,
-        /// Defects to switch on in the reference worker (repeatable).
+        /// Defects to switch on in the reference worker for every cause, instead of each cause's
+        /// own (repeatable).
         #[arg(long = "defect", value_name = "NAME")]
         defects: Vec<Defect>,
         /// Output format.
@@ -508,30 +509,33 @@ async fn replay(
 ) -> Result<ExitCode> {
     let bytes = std::fs::read(file).with_context(|| format!("read {}", file.display()))?;
     let analysis = racecert::replay::analyse(&bytes, request);
-    let Some(chosen) = analysis.chosen_request(request) else {
-        match format {
-            Format::Text => print!("{}", analysis.text()),
-            Format::Json => println!("{}", serde_json::to_string_pretty(&analysis)?),
-        }
-        eprintln!(
-            "{}: nothing to replay: no inference request could be reconstructed{}",
-            file.display(),
-            request.map(|r| format!(" for {r}")).unwrap_or_default()
-        );
-        return Ok(ExitCode::from(NOTHING_RECONSTRUCTED));
+    let print = |text: String, json: String| match format {
+        Format::Text => print!("{text}"),
+        Format::Json => println!("{json}"),
     };
-    let run = with_bed(OnSignal::Drop, async |bed: &TestBed| {
-        Ok(racecert::replay::replay_on(bed, &analysis, &chosen, defects.clone()).await?)
+    if analysis.reconstruction.requests.is_empty() || analysis.findings.is_empty() {
+        print(analysis.text(), serde_json::to_string_pretty(&analysis)?);
+        if analysis.reconstruction.requests.is_empty() {
+            eprintln!(
+                "{}: nothing to replay: no inference request could be reconstructed{}",
+                file.display(),
+                request.map(|r| format!(" for {r}")).unwrap_or_default()
+            );
+            return Ok(ExitCode::from(NOTHING_RECONSTRUCTED));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let given = defects.iter().next().is_some();
+    let options = racecert::replay::ReproduceOptions {
+        defects: given.then_some(defects),
+        ..Default::default()
+    };
+    let report = with_bed(OnSignal::Drop, async |bed: &TestBed| {
+        Ok(racecert::replay::reproduce_on(bed, analysis, &options).await?)
     })
     .await?;
-    match format {
-        Format::Text => print!("{}", run.text(&analysis, &defects)),
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&run.json(&analysis, &chosen))?
-        ),
-    }
-    Ok(verdict_code(run.result.violations.is_empty()))
+    print(report.text(), serde_json::to_string_pretty(&report)?);
+    Ok(verdict_code(report.held()))
 }
 
 async fn run_case(

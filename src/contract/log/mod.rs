@@ -5,7 +5,9 @@
 //!
 //! - [`Status`]: the status words, one enum for writer, parser and checkers.
 //! - [`LogLine`]: one line, written as logfmt or JSON.
-//! - [`parse`]: reads lines back (logfmt or JSON, any field order, garbage counted, never a panic).
+//! - [`parse`]: reads lines back as teams write them (logfmt, JSON, nested JSON, Celery's worker
+//!   format; common spellings of each field; free-text messages mapped to [`Status`]), garbage
+//!   counted, never a panic.
 //! - [`sink`]: where a worker's lines go (kept for the checkers, echoed when asked).
 
 pub mod parse;
@@ -76,11 +78,23 @@ pub enum Status {
     Cutover,
     /// Cache entries of the old version were invalidated.
     CacheInvalidated,
+    /// A worker process started (some frameworks restore unacknowledged deliveries then).
+    WorkerStarted,
+    /// A worker process died (killed, crashed) with whatever it held.
+    WorkerLost,
+    /// The attempt failed and the failure was recorded: the job ends FAILED (a framework's
+    /// `raised unexpected`), unlike [`Status::UpstreamFailed`], after which it is redelivered.
+    JobFailed,
+    /// The attempt gave up and scheduled a retry of the same job (a framework's `retry:` line).
+    RetryScheduled,
+    /// The queue restored deliveries nobody acknowledged in time (a framework's restore sweep):
+    /// each will be delivered again.
+    DeliveriesRestored,
 }
 
 impl Status {
     /// Every status word.
-    pub const ALL: [Status; 25] = [
+    pub const ALL: [Status; 30] = [
         Status::JobReceived,
         Status::RetryDispatched,
         Status::LeaseAcquired,
@@ -106,6 +120,11 @@ impl Status {
         Status::AttemptError,
         Status::Cutover,
         Status::CacheInvalidated,
+        Status::WorkerStarted,
+        Status::WorkerLost,
+        Status::JobFailed,
+        Status::RetryScheduled,
+        Status::DeliveriesRestored,
     ];
 
     /// The word as logs spell it.
@@ -136,6 +155,11 @@ impl Status {
             Status::AttemptError => "attempt_error",
             Status::Cutover => "cutover",
             Status::CacheInvalidated => "cache_invalidated",
+            Status::WorkerStarted => "worker_started",
+            Status::WorkerLost => "worker_lost",
+            Status::JobFailed => "job_failed",
+            Status::RetryScheduled => "retry_scheduled",
+            Status::DeliveriesRestored => "deliveries_restored",
         }
     }
 

@@ -1,8 +1,31 @@
-//! Reading incident logs: logfmt lines in the seed's shape (`TIMESTAMP LEVEL key=value ...`) and
-//! JSON lines, in any field order, with extra fields and unrelated lines mixed in. A line that is
-//! neither is counted as malformed with its number; the parser never panics, whatever the bytes.
+//! Reading incident logs as teams write them, one line at a time, in any of:
+//! - logfmt in the seed's shape (`TIMESTAMP LEVEL key=value ...`), bare words kept as the message,
+//!   Python's `YYYY-MM-DD HH:MM:SS,mmm` accepted as the leading timestamp;
+//! - one JSON object per line, nested objects flattened with dotted keys (`{"request":{"id":..}}`
+//!   is `request.id`);
+//! - Celery's worker format (`[2026-06-26 10:15:21,104: INFO/MainProcess] Task tasks.infer[ID]
+//!   received`, `succeeded in 12.3s: ..`, `raised unexpected: ..`, `retry: Retry in 5s`,
+//!   `Restoring N unacknowledged message(s)`, `celery@host ready.`, task-logger lines), with its
+//!   start banner and tracebacks skipped;
+//!
+//! each optionally behind a `docker compose logs` (`NAME | `) or `kubectl logs --prefix`
+//! (`[pod/NAME/CONTAINER] `) prefix, which names the worker when the line does not.
+//!
+//! Every line becomes a [`LogLine`] in the seed's vocabulary: common spellings of a field take the
+//! seed's name ([`canonical_field`]: `requestId`, `req_id` and `request.id` are `request_id`,
+//! `task_id` is `job_id`, `retries` is `attempt` minus one, ...), timestamps become RFC 3339 UTC
+//! with milliseconds, and a status or free-text message becomes a [`Status`] word when exactly one
+//! known phrasing names it ([`status_of`]); otherwise the raw text stays. A Celery task id is the
+//! job id and the worker is Celery's hostname (from the start line or the prefix) with the pool
+//! process kept under `process`. Timestamps without a zone (Python's `asctime`) are read as UTC.
+//!
+//! A line that is none of these is counted as malformed with its number and the reason; the parser
+//! never panics, whatever the bytes.
 
-use super::{Level, LogLine};
+use super::{Level, LogLine, Status, format_timestamp};
+use regex::Regex;
+use std::collections::HashMap;
+use std::sync::LazyLock;
 
 /// Lines longer than this are refused (a log line is not a data dump).
 pub const MAX_LINE: usize = 64 * 1024;
@@ -12,14 +35,17 @@ pub const MAX_LINE: usize = 64 * 1024;
 pub struct ParsedLine {
     /// 1-based line number in the input.
     pub line_no: usize,
-    /// The line.
+    /// The line, in the seed's vocabulary.
     pub line: LogLine,
+    /// When it was logged, in milliseconds since the Unix epoch, if its timestamp could be read.
+    pub millis: Option<i64>,
 }
 
 /// A line that could not be read, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Malformed {
     /// 1-based line number.
+    #[serde(rename = "line")]
     pub line_no: usize,
     /// Why.
     pub reason: String,
@@ -28,11 +54,12 @@ pub struct Malformed {
 /// What a log file held.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Parsed {
-    /// Lines with at least a status or a request id.
+    /// Lines with a status, a request id, a job id or an idempotency key.
     pub lines: Vec<ParsedLine>,
     /// Lines that could not be read.
     pub malformed: Vec<Malformed>,
-    /// Well-formed lines unrelated to inference requests (no request id, job id or status).
+    /// Well-formed lines unrelated to inference requests (no id and no status), and the lines of
+    /// a Celery banner or traceback.
     pub unrelated: usize,
     /// Blank lines.
     pub blank: usize,
@@ -41,6 +68,7 @@ pub struct Parsed {
 /// Parses a whole log (any bytes).
 pub fn parse(bytes: &[u8]) -> Parsed {
     let mut parsed = Parsed::default();
+    let mut reader = Reader::default();
     let segments: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
     let last = segments.len().saturating_sub(1);
     for (index, raw) in segments.into_iter().enumerate() {
@@ -67,98 +95,792 @@ pub fn parse(bytes: &[u8]) -> Parsed {
             });
             continue;
         };
-        match parse_line(text) {
-            Ok(line) => {
+        match reader.read(text) {
+            Ok(Read::Line(line, millis)) => {
                 let relevant = ["request_id", "job_id", "idempotency_key", "status"]
                     .iter()
                     .any(|k| line.get(k).is_some());
                 if relevant {
-                    parsed.lines.push(ParsedLine { line_no, line });
+                    parsed.lines.push(ParsedLine {
+                        line_no,
+                        line,
+                        millis,
+                    });
                 } else {
                     parsed.unrelated += 1;
                 }
             }
+            Ok(Read::Skip) => parsed.unrelated += 1,
             Err(reason) => parsed.malformed.push(Malformed { line_no, reason }),
         }
     }
     parsed
 }
 
-/// Parses one line, JSON or logfmt.
+/// Parses one line on its own (JSON, logfmt or Celery), with no knowledge of the lines before it.
 pub fn parse_line(text: &str) -> Result<LogLine, String> {
-    let trimmed = text.trim();
-    if trimmed.starts_with('{') {
-        return parse_json(trimmed);
+    match Reader::default().read(text)? {
+        Read::Line(line, _) => Ok(line),
+        Read::Skip => Err("a Celery banner or traceback line, not a log record".into()),
     }
-    parse_logfmt(trimmed)
+}
+
+/// The status word a status or message names, if exactly one does: the word itself in any
+/// spelling (`cache_hit`, `cache-hit`, `CacheHit`, `cache hit`), else a known phrasing
+/// (`served from cache`, `calling model backend`, `message acknowledged`, ...). Of several
+/// phrasings that match, the most specific (most words) wins; a tie between two statuses is
+/// ambiguous and gives `None`.
+pub fn status_of(text: &str) -> Option<Status> {
+    let words = words(text);
+    if words.is_empty() {
+        return None;
+    }
+    if words.len() <= 4 {
+        let joined = words.join("_");
+        if let Some(status) = Status::ALL.into_iter().find(|s| s.as_str() == joined) {
+            return Some(status);
+        }
+    }
+    let mut best: Option<(usize, Status)> = None;
+    let mut tied = false;
+    for (status, phrasings) in PHRASINGS {
+        for phrasing in *phrasings {
+            if !phrasing.iter().all(|w| words.iter().any(|x| x == w)) {
+                continue;
+            }
+            match best {
+                Some((len, other)) if len == phrasing.len() && other != *status => tied = true,
+                Some((len, _)) if len >= phrasing.len() => {}
+                _ => {
+                    best = Some((phrasing.len(), *status));
+                    tied = false;
+                }
+            }
+        }
+    }
+    if tied { None } else { best.map(|(_, s)| s) }
+}
+
+/// Known phrasings of each status word: every word of one phrasing must appear in the text (in
+/// any order). Words are lower case; `words` splits camelCase and punctuation.
+const PHRASINGS: &[(Status, &[&[&str]])] = &[
+    (
+        Status::JobReceived,
+        &[&["received"], &["dequeued"], &["picked", "up"]],
+    ),
+    (
+        Status::RetryDispatched,
+        &[
+            &["retry", "dispatched"],
+            &["redelivered"],
+            &["redelivery"],
+            &["retry", "started"],
+            &["retry", "received"],
+        ],
+    ),
+    (
+        Status::LeaseAcquired,
+        &[
+            &["lease", "acquired"],
+            &["lock", "acquired"],
+            &["acquired", "lease"],
+            &["acquired", "lock"],
+        ],
+    ),
+    (
+        Status::DuplicateSkipped,
+        &[
+            &["duplicate"],
+            &["already", "running"],
+            &["already", "in", "progress"],
+        ],
+    ),
+    (
+        Status::AlreadyCompleted,
+        &[
+            &["already", "completed"],
+            &["already", "succeeded"],
+            &["already", "done"],
+        ],
+    ),
+    (
+        Status::JobTaken,
+        &[&["job", "taken"], &["marked", "in", "progress"]],
+    ),
+    (Status::VersionDeclined, &[&["declined"]]),
+    (
+        Status::CacheHit,
+        &[&["cache", "hit"], &["served", "from", "cache"]],
+    ),
+    (Status::CacheMiss, &[&["cache", "miss"]]),
+    (
+        Status::InferenceStarted,
+        &[
+            &["inference", "started"],
+            &["started", "inference"],
+            &["calling", "model"],
+            &["calling", "backend"],
+            &["model", "call", "started"],
+        ],
+    ),
+    (
+        Status::TimeoutWaitingUpstream,
+        &[
+            &["timeout", "waiting"],
+            &["timed", "out", "waiting"],
+            &["upstream", "timeout"],
+            &["still", "waiting"],
+        ],
+    ),
+    (
+        Status::UpstreamFailed,
+        &[
+            &["upstream", "failed"],
+            &["backend", "failed"],
+            &["backend", "error"],
+            &["inference", "failed"],
+            &["model", "call", "failed"],
+        ],
+    ),
+    (
+        Status::CacheWritten,
+        &[
+            &["cache", "written"],
+            &["cache", "set"],
+            &["cached", "result"],
+            &["wrote", "cache"],
+        ],
+    ),
+    (
+        Status::InferenceSucceeded,
+        &[
+            &["inference", "succeeded"],
+            &["succeeded"],
+            &["result", "stored"],
+            &["result", "written"],
+            &["wrote", "result"],
+            &["completed", "successfully"],
+        ],
+    ),
+    (
+        Status::LateSuccess,
+        &[&["late", "success"], &["late", "result", "written"]],
+    ),
+    (
+        Status::OverwriteDetected,
+        &[&["overwrite"], &["overwrote"], &["overwritten"]],
+    ),
+    (
+        Status::LateWriteRejected,
+        &[
+            &["late", "write", "rejected"],
+            &["write", "rejected"],
+            &["stale", "write", "rejected"],
+        ],
+    ),
+    (Status::DiscardedLateResult, &[&["discarded"]]),
+    (
+        Status::Acked,
+        &[
+            &["acked"],
+            &["acknowledged"],
+            &["ack", "sent"],
+            &["message", "deleted"],
+        ],
+    ),
+    (Status::LeftForRedelivery, &[&["left", "for", "redelivery"]]),
+    (
+        Status::LeaseReleased,
+        &[&["lease", "released"], &["lock", "released"]],
+    ),
+    (
+        Status::LeaseLost,
+        &[
+            &["lease", "lost"],
+            &["lock", "lost"],
+            &["lease", "expired"],
+            &["lock", "expired"],
+        ],
+    ),
+    (Status::AttemptError, &[&["attempt", "error"]]),
+    (
+        Status::Cutover,
+        &[
+            &["cutover"],
+            &["rollout", "started"],
+            &["switched", "active"],
+            &["active", "version", "switched"],
+            &["traffic", "switched"],
+        ],
+    ),
+    (
+        Status::CacheInvalidated,
+        &[
+            &["cache", "invalidated"],
+            &["cache", "invalidation", "finished"],
+            &["cache", "invalidation", "done"],
+            &["cache", "invalidation", "complete"],
+            &["cache", "invalidation", "completed"],
+            &["cache", "flushed"],
+            &["cache", "purged"],
+        ],
+    ),
+    (
+        Status::WorkerStarted,
+        &[
+            &["worker", "started"],
+            &["worker", "ready"],
+            &["worker", "online"],
+            &["starting", "worker"],
+        ],
+    ),
+    (
+        Status::WorkerLost,
+        &[
+            &["worker", "lost"],
+            &["worker", "crashed"],
+            &["worker", "killed"],
+            &["exited", "prematurely"],
+            &["exited", "with", "signal"],
+        ],
+    ),
+    (
+        Status::JobFailed,
+        &[
+            &["job", "failed"],
+            &["task", "failed"],
+            &["raised", "unexpected"],
+        ],
+    ),
+    (
+        Status::RetryScheduled,
+        &[
+            &["retry", "scheduled"],
+            &["scheduling", "retry"],
+            &["will", "retry"],
+            &["retry", "in"],
+        ],
+    ),
+    (
+        Status::DeliveriesRestored,
+        &[
+            &["restoring", "unacknowledged"],
+            &["restored", "unacknowledged"],
+        ],
+    ),
+];
+
+/// Lower-case words of a text: split at anything not alphanumeric and at camelCase humps. At
+/// most 64 words: a status is said in the first few.
+fn words(text: &str) -> Vec<String> {
+    let mut words: Vec<String> = Vec::new();
+    let mut current = String::new();
+    let mut previous_lower = false;
+    for c in text.chars() {
+        if !c.is_alphanumeric() {
+            if !current.is_empty() {
+                words.push(std::mem::take(&mut current));
+            }
+            previous_lower = false;
+        } else {
+            if c.is_uppercase() && previous_lower && !current.is_empty() {
+                words.push(std::mem::take(&mut current));
+            }
+            previous_lower = c.is_lowercase() || c.is_ascii_digit();
+            current.extend(c.to_lowercase());
+        }
+        if words.len() >= 64 {
+            return words;
+        }
+    }
+    if !current.is_empty() {
+        words.push(current);
+    }
+    words
+}
+
+/// What a field name means once spellings are folded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Meaning {
+    /// The line's timestamp.
+    Ts,
+    /// The line's level.
+    Level,
+    /// A status or a message that may name one; lower ranks are tried first.
+    Message(u8),
+    /// A seed field.
+    Field(&'static str),
+    /// `model` or `version`: the model version only when nothing else names it and the value
+    /// looks like one (`v2`, `v2.1`).
+    MaybeVersion,
+    /// A retry count: the attempt is one more.
+    Retries,
+}
+
+/// The seed's name for a field spelled `key` (case, `_`, `-`, `.` and `@` ignored), if it is one
+/// of the diagnosis fields.
+pub fn canonical_field(key: &str) -> Option<&'static str> {
+    match meaning(key)? {
+        Meaning::Field(name) => Some(name),
+        Meaning::Retries => Some("attempt"),
+        Meaning::MaybeVersion => Some("model_version"),
+        Meaning::Ts => Some("ts"),
+        Meaning::Level => Some("level"),
+        Meaning::Message(_) => Some("status"),
+    }
+}
+
+fn meaning(key: &str) -> Option<Meaning> {
+    let folded: String = key
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    Some(match folded.as_str() {
+        "ts" | "time" | "timestamp" | "asctime" | "datetime" => Meaning::Ts,
+        "level" | "severity" | "lvl" | "levelname" | "loglevel" => Meaning::Level,
+        "status" => Meaning::Message(0),
+        "event" => Meaning::Message(1),
+        "msg" => Meaning::Message(2),
+        "message" => Meaning::Message(3),
+        "requestid" | "reqid" | "xrequestid" => Meaning::Field("request_id"),
+        "jobid" | "taskid" => Meaning::Field("job_id"),
+        "idempotencykey" | "idempotencyid" | "dedupekey" | "dedupkey" | "dedupeid" => {
+            Meaning::Field("idempotency_key")
+        }
+        "workerid" | "worker" | "workername" | "hostname" => Meaning::Field("worker_id"),
+        "modelversion" => Meaning::Field("model_version"),
+        "model" | "version" => Meaning::MaybeVersion,
+        "attempt" | "attemptnumber" | "attemptno" => Meaning::Field("attempt"),
+        "retries" | "retrycount" | "retrynumber" => Meaning::Retries,
+        "queuereceivecount" | "receivecount" | "deliverycount" | "approximatereceivecount" => {
+            Meaning::Field("queue_receive_count")
+        }
+        "backendendpoint" | "backend" | "endpoint" | "backendurl" | "modelendpoint" => {
+            Meaning::Field("backend_endpoint")
+        }
+        "cachekey" => Meaning::Field("cache_key"),
+        "servedmodelversion" | "servedversion" => Meaning::Field("served_model_version"),
+        "cachedmodelversion" | "cachedversion" => Meaning::Field("cached_model_version"),
+        "previousmodelversion"
+        | "previousversion"
+        | "fromversion"
+        | "oldversion"
+        | "frommodelversion" => Meaning::Field("previous_model_version"),
+        "newmodelversion" | "newversion" | "toversion" | "targetversion" | "tomodelversion" => {
+            Meaning::Field("new_model_version")
+        }
+        _ => return None,
+    })
+}
+
+/// `v2`, `v2.1`, `v10-canary`: a value that can only be a model version.
+fn looks_like_version(value: &str) -> bool {
+    let mut chars = value.chars();
+    matches!(chars.next(), Some('v' | 'V')) && chars.next().is_some_and(|c| c.is_ascii_digit())
+}
+
+/// Reads a timestamp: RFC 3339 (`Z` or an offset), `YYYY-MM-DD HH:MM:SS,mmm` or with `.`/`T`
+/// (no zone: UTC), or epoch seconds, milliseconds, microseconds or nanoseconds.
+pub fn read_timestamp(raw: &str) -> Option<jiff::Timestamp> {
+    let text = raw.trim().trim_matches(|c| c == '[' || c == ']');
+    if text.is_empty() || text.len() > 64 {
+        return None;
+    }
+    if text.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        let value: f64 = text.parse().ok()?;
+        let seconds = match value {
+            v if v < 1e11 => v,
+            v if v < 1e14 => v / 1e3,
+            v if v < 1e17 => v / 1e6,
+            v => v / 1e9,
+        };
+        if !seconds.is_finite() {
+            return None;
+        }
+        let millis = (seconds * 1000.0).round();
+        if millis.abs() > 2.5e14 {
+            return None;
+        }
+        return jiff::Timestamp::from_millisecond(millis as i64).ok();
+    }
+    let bytes = text.as_bytes();
+    if bytes.len() < 19 || !bytes[0].is_ascii_digit() || bytes[4] != b'-' {
+        return None;
+    }
+    let mut normal = text.replace(',', ".");
+    if normal.as_bytes().get(10) == Some(&b' ') {
+        normal.replace_range(10..11, "T");
+    }
+    if let Ok(ts) = normal.parse::<jiff::Timestamp>() {
+        return Some(ts);
+    }
+    let civil: jiff::civil::DateTime = normal.parse().ok()?;
+    civil
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .ok()
+        .map(|z| z.timestamp())
 }
 
 fn level_of(word: &str) -> Option<Level> {
+    let word = word.trim_matches(|c: char| c == '[' || c == ']' || c == ':');
     match word.to_ascii_uppercase().as_str() {
-        "INFO" | "DEBUG" | "TRACE" => Some(Level::Info),
-        "WARN" | "WARNING" => Some(Level::Warn),
-        "ERROR" | "FATAL" | "CRITICAL" => Some(Level::Error),
+        "INFO" | "DEBUG" | "TRACE" | "NOTICE" | "I" | "D" | "10" | "20" | "30" => Some(Level::Info),
+        "WARN" | "WARNING" | "W" | "40" => Some(Level::Warn),
+        "ERROR" | "ERR" | "FATAL" | "CRITICAL" | "CRIT" | "E" | "50" | "60" => Some(Level::Error),
         _ => None,
     }
 }
 
-fn parse_json(text: &str) -> Result<LogLine, String> {
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|err| format!("invalid JSON: {err}"))?;
-    let object = value
-        .as_object()
-        .ok_or_else(|| "JSON line is not an object".to_owned())?;
-    let mut ts = String::new();
-    let mut level = Level::Info;
-    let mut fields = Vec::new();
-    for (key, value) in object {
-        let text = match value {
-            serde_json::Value::String(s) => s.clone(),
-            serde_json::Value::Null => continue,
-            other => other.to_string(),
-        };
-        match key.as_str() {
-            "ts" | "time" | "timestamp" | "@timestamp" => ts = text,
-            "level" | "severity" | "lvl" => level = level_of(&text).unwrap_or(Level::Info),
-            _ => fields.push((key.clone(), text)),
-        }
-    }
-    Ok(LogLine { ts, level, fields })
+/// A line before canonicalisation.
+#[derive(Debug, Default)]
+struct Raw {
+    ts: Option<String>,
+    level: Option<String>,
+    fields: Vec<(String, String)>,
+    /// The worker the line came from when it does not say (prefix or Celery hostname).
+    worker: Option<String>,
 }
 
-fn parse_logfmt(text: &str) -> Result<LogLine, String> {
-    let mut rest = text;
-    let mut ts = String::new();
-    let mut level = Level::Info;
-    // Optional leading timestamp and level, as in the seed's lines.
-    let first = next_word(rest);
-    if let Some((word, after)) = first
-        && !word.contains('=')
-    {
-        if let Some(l) = level_of(word) {
-            level = l;
-            rest = after;
-        } else {
-            ts = word.to_owned();
-            rest = after;
-            if let Some((word, after)) = next_word(rest)
-                && !word.contains('=')
-                && let Some(l) = level_of(word)
-            {
-                level = l;
-                rest = after;
+/// What one line was.
+enum Read {
+    Line(LogLine, Option<i64>),
+    /// A line that belongs to something else (Celery's banner, a traceback).
+    Skip,
+}
+
+/// Reads lines in order, remembering what spans lines: Celery hostnames from start lines (per
+/// prefix), and whether a banner or a traceback is running.
+#[derive(Debug, Default)]
+struct Reader {
+    hostnames: HashMap<String, String>,
+    banner: bool,
+    traceback: bool,
+}
+
+static COMPOSE_PREFIX: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^([A-Za-z0-9][\w.@-]*)\s+\|\s?(.*)$").expect("valid regex"));
+static KUBECTL_PREFIX: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^\[pod/([^/\]\s]+)/[^\]\s]*\]\s?(.*)$").expect("valid regex"));
+static CELERY_LINE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"^\[(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[,.]\d+)?): ([A-Za-z]+)/([^\]]+)\]\s?(.*)$",
+    )
+    .expect("valid regex")
+});
+static CELERY_BANNER: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"-+ (\S+@\S+) v\d").expect("valid regex"));
+static CELERY_READY: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^(\S+@\S+) ready\.?$").expect("valid regex"));
+static CELERY_TASK: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"^(?:Task ([^\s\[]+)\[([^\]\s]+)\] (.*)|Received task: ([^\s\[]+)\[([^\]\s]+)\].*)$",
+    )
+    .expect("valid regex")
+});
+static CELERY_SUCCEEDED: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^succeeded in ([0-9.eE+-]+)s(?::\s?(.*))?$").expect("valid regex")
+});
+static CELERY_RETRY_IN: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"Retry in ([0-9.]+)s").expect("valid regex"));
+static CELERY_RESTORING: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^Restoring (\d+) unacknowledged message").expect("valid regex"));
+static CELERY_TASK_LOGGER: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^([^\s\[]+)\[([^\]\s]+)\]: (.*)$").expect("valid regex"));
+
+impl Reader {
+    fn read(&mut self, text: &str) -> Result<Read, String> {
+        let (source, rest) = split_source(text);
+        let body = rest.trim();
+        if self.traceback {
+            if rest.starts_with(char::is_whitespace) {
+                return Ok(Read::Skip);
+            }
+            self.traceback = false;
+            // The line that closes a traceback names the exception; a record after it is read.
+            if !looks_like_a_record(body) {
+                return Ok(Read::Skip);
             }
         }
+        if body.starts_with('{') {
+            self.banner = false;
+            let mut raw = json_fields(body)?;
+            raw.worker = source.map(str::to_owned);
+            return Ok(finish(raw));
+        }
+        if let Some(captures) = CELERY_LINE.captures(body) {
+            self.banner = false;
+            let group = |i| captures.get(i).map_or("", |m| m.as_str());
+            return Ok(self.celery(source, group(1), group(2), group(3).trim(), group(4).trim()));
+        }
+        if body.starts_with("--")
+            && let Some(captures) = CELERY_BANNER.captures(body)
+        {
+            self.banner = true;
+            self.hostnames
+                .insert(source.unwrap_or("").to_owned(), captures[1].to_owned());
+            return Ok(Read::Skip);
+        }
+        if body.starts_with("Traceback (most recent call last)") {
+            self.traceback = true;
+            return Ok(Read::Skip);
+        }
+        if self.banner {
+            if !looks_like_a_record(body) {
+                return Ok(Read::Skip);
+            }
+            self.banner = false;
+        }
+        let mut raw = logfmt(body)?;
+        raw.worker = source.map(str::to_owned);
+        Ok(finish(raw))
     }
+
+    /// A Celery worker line: timestamp, level, process, message.
+    fn celery(
+        &mut self,
+        source: Option<&str>,
+        ts: &str,
+        level: &str,
+        process: &str,
+        message: &str,
+    ) -> Read {
+        let key = source.unwrap_or("").to_owned();
+        if let Some(captures) = CELERY_READY.captures(message) {
+            self.hostnames.insert(key.clone(), captures[1].to_owned());
+        }
+        let worker = self
+            .hostnames
+            .get(&key)
+            .cloned()
+            .or_else(|| source.map(str::to_owned))
+            .unwrap_or_else(|| "celery".to_owned());
+        let mut fields = vec![("process".to_owned(), process.to_owned())];
+        if CELERY_READY.is_match(message) {
+            fields.push((
+                "status".to_owned(),
+                Status::WorkerStarted.as_str().to_owned(),
+            ));
+        } else if !celery_message(message, &mut fields) {
+            fields.push(("msg".to_owned(), message.to_owned()));
+        }
+        let raw = Raw {
+            ts: Some(ts.to_owned()),
+            level: Some(level.to_owned()),
+            fields,
+            worker: Some(worker),
+        };
+        finish(raw)
+    }
+}
+
+fn finish(raw: Raw) -> Read {
+    let (line, millis) = canonical(raw);
+    Read::Line(line, millis)
+}
+
+/// Reads a Celery message (from a Celery line, or the `message` of a JSON-formatted Celery log)
+/// into fields; false if it is none of Celery's known messages.
+fn celery_message(message: &str, fields: &mut Vec<(String, String)>) -> bool {
+    let mut push = |k: &str, v: &str| fields.push((k.to_owned(), v.to_owned()));
+    if let Some(captures) = CELERY_TASK.captures(message) {
+        let (name, id, rest) = match (captures.get(1), captures.get(2), captures.get(4)) {
+            (Some(name), Some(id), _) => (
+                name.as_str(),
+                id.as_str(),
+                captures.get(3).map_or("", |m| m.as_str()),
+            ),
+            (_, _, Some(name)) => (
+                name.as_str(),
+                captures.get(5).map_or("", |m| m.as_str()),
+                "received",
+            ),
+            _ => return false,
+        };
+        push("task_name", name);
+        push("job_id", id);
+        if rest == "received" {
+            push("status", Status::JobReceived.as_str());
+        } else if let Some(succeeded) = CELERY_SUCCEEDED.captures(rest) {
+            push("status", Status::InferenceSucceeded.as_str());
+            push("write", "result_store");
+            push("runtime_s", &succeeded[1]);
+            if let Some(result) = succeeded.get(2) {
+                push("result", result.as_str());
+            }
+        } else if let Some(error) = rest.strip_prefix("raised unexpected:") {
+            push("status", Status::JobFailed.as_str());
+            push("error", error.trim());
+        } else if let Some(reason) = rest.strip_prefix("retry:") {
+            push("status", Status::RetryScheduled.as_str());
+            if let Some(countdown) = CELERY_RETRY_IN.captures(reason) {
+                push("countdown_s", &countdown[1]);
+            }
+            push("reason", reason.trim());
+        } else {
+            push("status", rest);
+        }
+        return true;
+    }
+    if let Some(captures) = CELERY_RESTORING.captures(message) {
+        push("status", Status::DeliveriesRestored.as_str());
+        push("restored", &captures[1]);
+        return true;
+    }
+    if let Some(captures) = CELERY_TASK_LOGGER.captures(message) {
+        push("task_name", &captures[1]);
+        push("job_id", &captures[2]);
+        // A task's own message may carry key=value pairs; bare words are its message.
+        match logfmt_fields(&captures[3]) {
+            Ok((pairs, bare)) => {
+                fields.extend(pairs);
+                if !bare.is_empty() {
+                    let words: Vec<String> = bare.into_iter().map(|(_, w)| w).collect();
+                    fields.push(("msg".to_owned(), words.join(" ")));
+                }
+            }
+            Err(_) => fields.push(("msg".to_owned(), captures[3].to_owned())),
+        }
+        return true;
+    }
+    false
+}
+
+/// Splits a `docker compose logs` or `kubectl logs --prefix` prefix off a line.
+fn split_source(text: &str) -> (Option<&str>, &str) {
+    if text.starts_with("[pod/")
+        && let Some(captures) = KUBECTL_PREFIX.captures(text)
+        && let (Some(name), Some(rest)) = (captures.get(1), captures.get(2))
+    {
+        return (Some(name.as_str()), rest.as_str());
+    }
+    if text.contains('|')
+        && let Some(captures) = COMPOSE_PREFIX.captures(text)
+        && let (Some(name), Some(rest)) = (captures.get(1), captures.get(2))
+    {
+        return (Some(name.as_str()), rest.as_str());
+    }
+    (None, text)
+}
+
+/// Whether a line starts like a log record (a JSON object, a timestamp, a Celery bracket).
+fn looks_like_a_record(body: &str) -> bool {
+    let bytes = body.as_bytes();
+    match bytes.first() {
+        Some(b'{') => true,
+        Some(b'[') => bytes.get(1).is_some_and(u8::is_ascii_digit),
+        Some(b) => b.is_ascii_digit(),
+        None => false,
+    }
+}
+
+/// Flattens a JSON object into dotted keys (arrays stay JSON text).
+fn json_fields(text: &str) -> Result<Raw, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|err| format!("invalid JSON: {err}"))?;
+    let serde_json::Value::Object(object) = value else {
+        return Err("JSON line is not an object".to_owned());
+    };
     let mut fields = Vec::new();
-    let mut message: Vec<String> = Vec::new();
-    let mut chars = rest.char_indices().peekable();
+    flatten("", object, &mut fields);
+    let mut raw = Raw {
+        fields,
+        ..Raw::default()
+    };
+    // A Celery log through a JSON formatter: its message is one of Celery's.
+    let message = raw
+        .fields
+        .iter()
+        .find(|(k, _)| matches!(meaning(k), Some(Meaning::Message(2 | 3))))
+        .map(|(_, v)| v.clone());
+    if let Some(message) = message {
+        let mut extra = Vec::new();
+        if celery_message(&message, &mut extra) {
+            raw.fields.extend(
+                extra
+                    .into_iter()
+                    .filter(|(k, _)| k != "status" || status_of(&message).is_none()),
+            );
+        }
+    }
+    Ok(raw)
+}
+
+fn flatten(
+    prefix: &str,
+    object: serde_json::Map<String, serde_json::Value>,
+    out: &mut Vec<(String, String)>,
+) {
+    for (key, value) in object {
+        let key = if prefix.is_empty() {
+            key
+        } else {
+            format!("{prefix}.{key}")
+        };
+        match value {
+            serde_json::Value::Object(inner) => flatten(&key, inner, out),
+            serde_json::Value::String(s) => out.push((key, s)),
+            serde_json::Value::Null => {}
+            other => out.push((key, other.to_string())),
+        }
+    }
+}
+
+/// A logfmt line: leading timestamp (one word, or Python's date and time) and level, then
+/// key=value pairs; bare words are the message.
+fn logfmt(text: &str) -> Result<Raw, String> {
+    let (pairs, bare) = logfmt_fields(text)?;
+    if pairs.is_empty() {
+        return Err("no key=value fields".into());
+    }
+    let mut raw = Raw::default();
+    let mut bare = bare.into_iter().peekable();
+    // Only words before the first pair can be the head; logfmt_fields keeps their order.
+    if let Some(first) = bare.peek()
+        && first.0 == 0
+        && first.1.starts_with(|c: char| c.is_ascii_digit())
+    {
+        let (_, word) = bare.next().unwrap_or_default();
+        raw.ts = Some(word);
+        if let Some(next) = bare.peek()
+            && next.0 == 1
+            && next.1.len() >= 8
+            && next.1.as_bytes()[2] == b':'
+            && next.1.starts_with(|c: char| c.is_ascii_digit())
+            && let Some(ts) = raw.ts.as_mut()
+        {
+            ts.push(' ');
+            ts.push_str(&next.1);
+            bare.next();
+        }
+    }
+    if let Some(next) = bare.peek()
+        && next.0 <= 2
+        && level_of(&next.1).is_some()
+    {
+        raw.level = bare.next().map(|(_, w)| w);
+    }
+    let message: Vec<String> = bare.map(|(_, w)| w).collect();
+    raw.fields = pairs;
+    if !message.is_empty() {
+        raw.fields.push(("msg".to_owned(), message.join(" ")));
+    }
+    Ok(raw)
+}
+
+/// key=value pairs (values quoted with `"` and `\` escapes, or bare) and bare words with their
+/// position among the tokens.
+#[allow(clippy::type_complexity)]
+fn logfmt_fields(text: &str) -> Result<(Vec<(String, String)>, Vec<(usize, String)>), String> {
+    let mut fields = Vec::new();
+    let mut bare = Vec::new();
+    let mut token = 0;
+    let mut chars = text.char_indices().peekable();
     while let Some(&(start, c)) = chars.peek() {
         if c.is_whitespace() {
             chars.next();
             continue;
         }
-        // key
         let mut key_end = start;
         while let Some(&(i, c)) = chars.peek() {
             if c == '=' || c.is_whitespace() {
@@ -167,21 +889,16 @@ fn parse_logfmt(text: &str) -> Result<LogLine, String> {
             key_end = i + c.len_utf8();
             chars.next();
         }
-        let key = &rest[start..key_end];
-        match chars.peek() {
-            Some(&(_, '=')) => {
-                chars.next();
-            }
-            _ => {
-                // A bare word: free message text, kept under `msg` (logfmt loggers mix both).
-                message.push(key.to_owned());
-                continue;
-            }
+        let key = &text[start..key_end];
+        if !matches!(chars.peek(), Some(&(_, '='))) {
+            bare.push((token, key.to_owned()));
+            token += 1;
+            continue;
         }
+        chars.next();
         if key.is_empty() {
             return Err("empty key before '='".into());
         }
-        // value
         let value = match chars.peek() {
             Some(&(_, '"')) => {
                 chars.next();
@@ -218,86 +935,98 @@ fn parse_logfmt(text: &str) -> Result<LogLine, String> {
             }
         };
         fields.push((key.to_owned(), value));
+        token += 1;
     }
-    if fields.is_empty() {
-        return Err("no key=value fields".into());
-    }
-    if !message.is_empty() {
-        fields.push(("msg".to_owned(), message.join(" ")));
-    }
-    Ok(LogLine { ts, level, fields })
+    Ok((fields, bare))
 }
 
-fn next_word(text: &str) -> Option<(&str, &str)> {
-    let text = text.trim_start();
-    if text.is_empty() {
-        return None;
+/// Folds a raw line into the seed's vocabulary.
+fn canonical(raw: Raw) -> (LogLine, Option<i64>) {
+    let mut ts = raw.ts;
+    let mut level = raw.level.as_deref().and_then(level_of);
+    let mut fields: Vec<(String, String)> = Vec::with_capacity(raw.fields.len() + 2);
+    // (rank, value, index in `fields`): messages stay where they were written.
+    let mut messages: Vec<(u8, String, usize)> = Vec::new();
+    let mut maybe_version: Option<String> = None;
+    let mut retries: Option<String> = None;
+    let has = |fields: &[(String, String)], name: &str| fields.iter().any(|(k, _)| k == name);
+    for (key, value) in raw.fields {
+        match meaning(&key) {
+            Some(Meaning::Ts) if ts.is_none() => ts = Some(value),
+            Some(Meaning::Level) if level.is_none() && level_of(&value).is_some() => {
+                level = level_of(&value);
+            }
+            Some(Meaning::Message(rank)) => {
+                messages.push((rank, value.clone(), fields.len()));
+                fields.push((key, value));
+            }
+            Some(Meaning::Field(name)) if !has(&fields, name) => {
+                fields.push((name.to_owned(), value));
+            }
+            Some(Meaning::MaybeVersion) if looks_like_version(&value) => {
+                maybe_version.get_or_insert(value.clone());
+                fields.push((key, value));
+            }
+            Some(Meaning::Retries) => {
+                retries.get_or_insert(value.clone());
+                fields.push((key, value));
+            }
+            _ => fields.push((key, value)),
+        }
     }
-    let end = text.find(char::is_whitespace).unwrap_or(text.len());
-    Some((&text[..end], &text[end..]))
+    if !has(&fields, "model_version")
+        && let Some(version) = maybe_version
+    {
+        fields.push(("model_version".to_owned(), version));
+    }
+    if !has(&fields, "attempt")
+        && let Some(retries) = retries.and_then(|r| r.trim().parse::<u32>().ok())
+    {
+        fields.push((
+            "attempt".to_owned(),
+            (retries.saturating_add(1)).to_string(),
+        ));
+    }
+    if !has(&fields, "worker_id")
+        && let Some(worker) = raw.worker
+    {
+        fields.push(("worker_id".to_owned(), worker));
+    }
+    // The status: the first candidate (status, event, msg, message) that names a status word;
+    // else an explicit status or event, raw. It takes the place of an explicit `status` (whose
+    // raw text, if different, stays as `status_text`); messages stay as they were written.
+    messages.sort_by_key(|(rank, _, _)| *rank);
+    let status = messages
+        .iter()
+        .find_map(|(_, value, _)| status_of(value).map(|w| w.as_str().to_owned()))
+        .or_else(|| {
+            messages
+                .iter()
+                .find(|(rank, _, _)| *rank <= 1)
+                .map(|(_, value, _)| value.clone())
+        });
+    if let Some(status) = status {
+        match messages.iter().find(|(rank, _, _)| *rank == 0) {
+            Some((_, raw, index)) => {
+                if *raw != status {
+                    fields.push(("status_text".to_owned(), raw.clone()));
+                }
+                fields[*index] = ("status".to_owned(), status);
+            }
+            None => fields.push(("status".to_owned(), status)),
+        }
+    }
+    let at = ts.as_deref().and_then(read_timestamp);
+    let line = LogLine {
+        ts: match at {
+            Some(at) => format_timestamp(at),
+            None => ts.unwrap_or_default(),
+        },
+        level: level.unwrap_or(Level::Info),
+        fields,
+    };
+    (line, at.map(|at| at.as_millisecond()))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    #[test]
-    fn reads_the_seed_shape_json_and_shuffled_fields() {
-        let line = parse_line("2026-06-26T10:15:24.031Z WARN request_id=req-91 attempt=1 status=timeout_waiting_upstream").unwrap();
-        assert_eq!(line.ts, "2026-06-26T10:15:24.031Z");
-        assert_eq!(line.level, Level::Warn);
-        assert_eq!(line.get("status"), Some("timeout_waiting_upstream"));
-        let shuffled =
-            parse_line("status=cache_miss note=\"two words \\\"quoted\\\"\" request_id=req-9")
-                .unwrap();
-        assert_eq!(shuffled.get("request_id"), Some("req-9"));
-        assert_eq!(shuffled.get("note"), Some("two words \"quoted\""));
-        let json = parse_line(
-            r#"{"level":"info","ts":"t","request_id":"r","attempt":2,"status":"late_success"}"#,
-        )
-        .unwrap();
-        assert_eq!(json.get("attempt"), Some("2"));
-        assert!(parse_line("just some words").is_err());
-        assert!(parse_line("key=\"unterminated").is_err());
-    }
-
-    #[test]
-    fn garbage_is_counted_with_line_numbers() {
-        let mut input = b"2026 INFO request_id=r status=cache_miss\n\xff\xfe\x00binary\n".to_vec();
-        input.extend(vec![b'a'; MAX_LINE + 1]);
-        input.extend(b"\nno fields here\nservice started port=80\n");
-        let parsed = parse(&input);
-        assert_eq!(parsed.lines.len(), 1);
-        assert_eq!(parsed.unrelated, 1);
-        let numbers: Vec<usize> = parsed.malformed.iter().map(|m| m.line_no).collect();
-        assert_eq!(numbers, vec![2, 3, 4]);
-        assert_eq!(parse(b""), Parsed::default());
-        assert_eq!(parse(b"\n\n").blank, 2);
-    }
-
-    proptest! {
-        #[test]
-        fn never_panics_on_any_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
-            let parsed = parse(&bytes);
-            prop_assert!(parsed.lines.len() + parsed.malformed.len() + parsed.unrelated <= bytes.len() + 1);
-        }
-
-        #[test]
-        fn round_trips_what_racecert_writes(
-            fields in proptest::collection::vec(("[a-z_]{1,12}", "[ -~]{0,20}"), 1..8)
-        ) {
-            let line = LogLine { ts: "2026-01-01T00:00:00.000Z".into(), level: Level::Info, fields };
-            prop_assert_eq!(parse_line(&line.to_logfmt()).unwrap(), line.clone());
-            let json = parse_line(&line.to_json()).unwrap();
-            for (key, _) in &line.fields {
-                if ["ts", "time", "timestamp", "level", "severity", "lvl"].contains(&key.as_str()) {
-                    continue;
-                }
-                // A JSON object keeps the last of duplicate keys.
-                let last = line.fields.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
-                prop_assert_eq!(json.get(key), last);
-            }
-        }
-    }
-}
+mod tests;

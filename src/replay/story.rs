@@ -1,0 +1,502 @@
+//! Reconstruction: an incident log's lines grouped per request into attempts (who ran it, on which
+//! version, what each did, in order), plus the lines that concern no single request: cutovers,
+//! cache invalidations, worker starts, losses and restore sweeps.
+//!
+//! Lines are put in time order first (timestamp, then line number; a line without a timestamp
+//! takes its predecessor's), so logs concatenated per host tell one story. A request is named by
+//! its request id, else by the request id another line gave its job id or idempotency key, else by
+//! that key or job id (a Celery task id). An attempt is one worker's execution: a logged attempt
+//! number pins it; without one, a second receive of the same job is a redelivery (a new attempt)
+//! and other lines join the worker's attempt still running.
+
+use crate::contract::log::Status;
+use crate::contract::log::parse::{Parsed, ParsedLine};
+use serde::Serialize;
+use std::collections::HashMap;
+
+/// One line of a story.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Event {
+    /// 1-based line number in the log.
+    pub line: usize,
+    /// Timestamp as normalised (RFC 3339 UTC) or as written when unreadable.
+    pub ts: String,
+    /// The timestamp in milliseconds since the epoch, if readable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub millis: Option<i64>,
+    /// Rank in time order among all lines of the log.
+    #[serde(skip)]
+    pub seq: usize,
+    /// The status word, or the raw status text when it is none of the vocabulary's.
+    pub status: String,
+    /// The status word, if the status is one.
+    #[serde(skip)]
+    pub word: Option<Status>,
+    /// Whether the line is a final write (`write=result_store`, `inference_succeeded`,
+    /// `late_success`, Celery's `succeeded`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub final_write: bool,
+    /// Job id on this line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<String>,
+    /// Idempotency key on this line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// Cache key on this line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_key: Option<String>,
+    /// Version of a cache entry served on this line (`served_model_version`,
+    /// `cached_model_version`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub served_version: Option<String>,
+}
+
+impl Event {
+    /// Whether the line says the attempt executed the job (took it, read the cache, called the
+    /// backend, wrote or failed): a dispatch alone is not an execution.
+    pub fn executes(&self) -> bool {
+        self.final_write
+            || self.word.is_some_and(|w| {
+                w.is_working()
+                    || matches!(
+                        w,
+                        Status::JobFailed
+                            | Status::UpstreamFailed
+                            | Status::RetryScheduled
+                            | Status::LateWriteRejected
+                    )
+            })
+    }
+
+    /// Whether the line ends its attempt (a write, a failure, a rejection, a skip).
+    pub fn ends_attempt(&self) -> bool {
+        self.final_write
+            || self.word.is_some_and(|w| {
+                matches!(
+                    w,
+                    Status::UpstreamFailed
+                        | Status::JobFailed
+                        | Status::RetryScheduled
+                        | Status::LateWriteRejected
+                        | Status::DuplicateSkipped
+                        | Status::AlreadyCompleted
+                        | Status::VersionDeclined
+                        | Status::AttemptError
+                        | Status::WorkerLost
+                )
+            })
+    }
+
+    /// Whether the line ends the job for good (a final write, a recorded failure, a job found
+    /// already terminal).
+    pub fn ends_job(&self) -> bool {
+        self.final_write
+            || self
+                .word
+                .is_some_and(|w| matches!(w, Status::JobFailed | Status::AlreadyCompleted))
+    }
+
+    /// Whether its status is `status`.
+    pub fn is(&self, status: Status) -> bool {
+        self.word == Some(status)
+    }
+}
+
+/// One attempt of a request: one worker's execution of one delivery.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Attempt {
+    /// Attempt number (as logged, else in order of receipt).
+    pub attempt: u32,
+    /// Worker that ran it.
+    pub worker_id: String,
+    /// The worker's process that executed it (e.g. Celery's `ForkPoolWorker-1`), if logged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
+    /// Model version it ran with.
+    pub model_version: Option<String>,
+    /// Backend it called.
+    pub backend_endpoint: Option<String>,
+    /// Cache key it used.
+    pub cache_key: Option<String>,
+    /// Its lines, in time order.
+    pub events: Vec<Event>,
+}
+
+impl Attempt {
+    /// Its first line.
+    pub fn first_line(&self) -> usize {
+        self.events.first().map_or(0, |e| e.line)
+    }
+
+    /// Its first line's rank in time order.
+    pub fn start(&self) -> usize {
+        self.events.first().map_or(0, |e| e.seq)
+    }
+
+    /// When it started, in milliseconds, if logged.
+    pub fn start_millis(&self) -> Option<i64> {
+        self.events.first().and_then(|e| e.millis)
+    }
+
+    /// Its first line with `status`.
+    pub fn find(&self, status: Status) -> Option<&Event> {
+        self.events.iter().find(|e| e.is(status))
+    }
+
+    /// Its (first) final write.
+    pub fn write(&self) -> Option<&Event> {
+        self.events.iter().find(|e| e.final_write)
+    }
+
+    /// Line of its result write, if any.
+    pub fn write_line(&self) -> Option<usize> {
+        self.write().map(|e| e.line)
+    }
+
+    /// Line of its upstream-timeout warning or upstream failure, if any.
+    pub fn timed_out(&self) -> Option<usize> {
+        self.events
+            .iter()
+            .find(|e| e.is(Status::TimeoutWaitingUpstream) || e.is(Status::UpstreamFailed))
+            .map(|e| e.line)
+    }
+
+    /// The line that ended it, if any.
+    pub fn end(&self) -> Option<&Event> {
+        self.events.iter().find(|e| e.ends_attempt())
+    }
+
+    /// Whether it executed the job.
+    pub fn executed(&self) -> bool {
+        self.events.iter().any(Event::executes)
+    }
+
+    /// Who executed it: the worker, and its process when logged (`host/ForkPoolWorker-1`).
+    pub fn executor(&self) -> String {
+        match &self.process {
+            Some(process) => format!("{}/{process}", self.worker_id),
+            None => self.worker_id.clone(),
+        }
+    }
+
+    /// `worker-a (v1)`, for explanations.
+    pub fn who(&self) -> String {
+        format!(
+            "{} ({})",
+            self.executor(),
+            self.model_version
+                .as_deref()
+                .unwrap_or("version not logged")
+        )
+    }
+}
+
+/// One request and its attempts.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct RequestStory {
+    /// Request id (or the idempotency key or job id that stands for it).
+    pub request_id: String,
+    /// Whether a line named the request id itself (not only a job id or key).
+    #[serde(skip)]
+    pub named: bool,
+    /// Attempts in order of their first line.
+    pub attempts: Vec<Attempt>,
+    /// Lines about the request that belong to no attempt (e.g. `overwrite_detected`).
+    pub other: Vec<Event>,
+}
+
+impl RequestStory {
+    /// Every event of the request, attempts' and others', in time order.
+    pub fn events(&self) -> Vec<(&Event, Option<&Attempt>)> {
+        let mut all: Vec<(&Event, Option<&Attempt>)> = self
+            .attempts
+            .iter()
+            .flat_map(|a| a.events.iter().map(move |e| (e, Some(a))))
+            .chain(self.other.iter().map(|e| (e, None)))
+            .collect();
+        all.sort_by_key(|(e, _)| e.seq);
+        all
+    }
+}
+
+/// A logged cutover: the active model version switched.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct CutoverLine {
+    /// The line.
+    pub line: usize,
+    /// Rank in time order.
+    #[serde(skip)]
+    pub seq: usize,
+    /// When, in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub millis: Option<i64>,
+    /// The version before, if logged.
+    pub from: Option<String>,
+    /// The version after, if logged.
+    pub to: Option<String>,
+}
+
+/// A line about a worker or the queue, not about one request: a start, a loss, a restore sweep,
+/// a cache invalidation.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Mark {
+    /// The line.
+    pub line: usize,
+    /// Rank in time order.
+    #[serde(skip)]
+    pub seq: usize,
+    /// When, in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub millis: Option<i64>,
+    /// The worker it concerns, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+    /// What happened.
+    pub status: Status,
+}
+
+/// Every request found, plus the lines about no single request.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, Default)]
+pub struct Reconstruction {
+    /// Per request, in order of first appearance in time.
+    pub requests: Vec<RequestStory>,
+    /// Logged cutovers, in time order.
+    pub cutovers: Vec<CutoverLine>,
+    /// Cache invalidations, worker starts and losses, restore sweeps, in time order.
+    pub marks: Vec<Mark>,
+}
+
+impl Reconstruction {
+    /// The story of a request.
+    pub fn request(&self, request_id: &str) -> Option<&RequestStory> {
+        self.requests.iter().find(|r| r.request_id == request_id)
+    }
+
+    /// The first mark with `status` for `worker` ranked strictly between `after` and `before`.
+    pub fn mark_between(
+        &self,
+        worker: &str,
+        statuses: &[Status],
+        after: usize,
+        before: usize,
+    ) -> Option<&Mark> {
+        self.marks.iter().find(|m| {
+            m.seq > after
+                && m.seq < before
+                && statuses.contains(&m.status)
+                && m.worker_id.as_deref() == Some(worker)
+        })
+    }
+}
+
+/// The lines' ranks in time order (timestamp, then line number; a line without a readable
+/// timestamp takes its predecessor's).
+fn time_order(lines: &[ParsedLine]) -> Vec<usize> {
+    let mut last = None;
+    let keys: Vec<(Option<i64>, usize)> = lines
+        .iter()
+        .map(|l| {
+            if l.millis.is_some() {
+                last = l.millis;
+            }
+            (last, l.line_no)
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..lines.len()).collect();
+    order.sort_by_key(|&i| keys[i]);
+    order
+}
+
+fn field<'a>(line: &'a crate::contract::log::LogLine, key: &str) -> Option<&'a str> {
+    line.get(key).filter(|v| !v.is_empty() && *v != "-")
+}
+
+/// Groups the lines into stories.
+pub fn reconstruct(parsed: &Parsed) -> Reconstruction {
+    // Which request a job id or idempotency key belongs to, from lines that name both.
+    let mut owner: HashMap<&str, &str> = HashMap::new();
+    for ParsedLine { line, .. } in &parsed.lines {
+        if let Some(request) = field(line, "request_id") {
+            for key in ["job_id", "idempotency_key"] {
+                if let Some(id) = field(line, key) {
+                    owner.entry(id).or_insert(request);
+                }
+            }
+        }
+    }
+    let mut reconstruction = Reconstruction::default();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for (seq, i) in time_order(&parsed.lines).into_iter().enumerate() {
+        let ParsedLine {
+            line_no,
+            line,
+            millis,
+        } = &parsed.lines[i];
+        let word = line.status_word();
+        let event = Event {
+            line: *line_no,
+            ts: line.ts.clone(),
+            millis: *millis,
+            seq,
+            status: line.status().unwrap_or("-").to_owned(),
+            word,
+            final_write: word.is_some_and(Status::is_final_write)
+                || line.get("write") == Some("result_store"),
+            job_id: field(line, "job_id").map(str::to_owned),
+            idempotency_key: field(line, "idempotency_key").map(str::to_owned),
+            cache_key: field(line, "cache_key").map(str::to_owned),
+            served_version: field(line, "served_model_version")
+                .or_else(|| field(line, "cached_model_version"))
+                .map(str::to_owned),
+        };
+        let worker = field(line, "worker_id");
+        let request_id = field(line, "request_id");
+        let request = request_id
+            .or_else(|| field(line, "job_id").and_then(|j| owner.get(j).copied()))
+            .or_else(|| field(line, "idempotency_key").and_then(|k| owner.get(k).copied()))
+            .or_else(|| field(line, "idempotency_key"))
+            .or_else(|| field(line, "job_id"));
+        match word {
+            Some(Status::Cutover) => {
+                reconstruction.cutovers.push(CutoverLine {
+                    line: *line_no,
+                    seq,
+                    millis: *millis,
+                    from: field(line, "previous_model_version").map(str::to_owned),
+                    to: field(line, "new_model_version").map(str::to_owned),
+                });
+                continue;
+            }
+            Some(
+                status @ (Status::CacheInvalidated
+                | Status::WorkerStarted
+                | Status::WorkerLost
+                | Status::DeliveriesRestored),
+            ) if request.is_none() || status == Status::CacheInvalidated => {
+                reconstruction.marks.push(Mark {
+                    line: *line_no,
+                    seq,
+                    millis: *millis,
+                    worker_id: worker.map(str::to_owned),
+                    status,
+                });
+                continue;
+            }
+            _ => {}
+        }
+        let Some(request) = request else {
+            continue;
+        };
+        let position = *index.entry(request.to_owned()).or_insert_with(|| {
+            reconstruction.requests.push(RequestStory {
+                request_id: request.to_owned(),
+                named: false,
+                attempts: Vec::new(),
+                other: Vec::new(),
+            });
+            reconstruction.requests.len() - 1
+        });
+        let story = &mut reconstruction.requests[position];
+        story.named |= request_id.is_some();
+        let number: Option<u32> = line.get("attempt").and_then(|a| a.trim().parse().ok());
+        let Some(worker) = worker else {
+            // A line with no worker joins the attempt its number names, else the request.
+            match number.and_then(|n| story.attempts.iter_mut().find(|a| a.attempt == n)) {
+                Some(attempt) => attempt.events.push(event),
+                None => story.other.push(event),
+            }
+            continue;
+        };
+        let process = field(line, "process").filter(|p| *p != "MainProcess");
+        let at = attempt_for(story, worker, number, process, word);
+        let attempt = &mut story.attempts[at];
+        let fill = |slot: &mut Option<String>, value: Option<&str>| {
+            if slot.is_none() {
+                *slot = value.map(str::to_owned);
+            }
+        };
+        fill(&mut attempt.process, process);
+        fill(&mut attempt.model_version, field(line, "model_version"));
+        fill(
+            &mut attempt.backend_endpoint,
+            field(line, "backend_endpoint"),
+        );
+        fill(&mut attempt.cache_key, field(line, "cache_key"));
+        attempt.events.push(event);
+    }
+    for story in &mut reconstruction.requests {
+        story.attempts.sort_by_key(Attempt::start);
+    }
+    reconstruction
+}
+
+/// The attempt a worker's line belongs to, created if need be.
+fn attempt_for(
+    story: &mut RequestStory,
+    worker: &str,
+    number: Option<u32>,
+    process: Option<&str>,
+    word: Option<Status>,
+) -> usize {
+    let next = story.attempts.iter().map(|a| a.attempt).max().unwrap_or(0) + 1;
+    let create = |number: u32, story: &mut RequestStory| {
+        story.attempts.push(Attempt {
+            attempt: number,
+            worker_id: worker.to_owned(),
+            process: None,
+            model_version: None,
+            backend_endpoint: None,
+            cache_key: None,
+            events: Vec::new(),
+        });
+        story.attempts.len() - 1
+    };
+    if let Some(number) = number {
+        return match story
+            .attempts
+            .iter()
+            .position(|a| a.attempt == number && a.worker_id == worker)
+        {
+            Some(i) => i,
+            None => create(number, story),
+        };
+    }
+    let mine: Vec<usize> = (0..story.attempts.len())
+        .filter(|&i| story.attempts[i].worker_id == worker)
+        .collect();
+    let open: Vec<usize> = mine
+        .iter()
+        .copied()
+        .filter(|&i| story.attempts[i].end().is_none())
+        .collect();
+    if word.is_some_and(Status::is_receive) {
+        // A receive opens a new attempt, unless this worker's running attempt has not received yet
+        // (its lines came first, e.g. a cache line logged before the receive).
+        return match open.last() {
+            Some(&i)
+                if !story.attempts[i]
+                    .events
+                    .iter()
+                    .any(|e| e.word.is_some_and(Status::is_receive)) =>
+            {
+                i
+            }
+            _ => create(next, story),
+        };
+    }
+    if let Some(process) = process {
+        if let Some(&i) = open
+            .iter()
+            .find(|&&i| story.attempts[i].process.as_deref() == Some(process))
+        {
+            return i;
+        }
+        if let Some(&i) = open.iter().find(|&&i| story.attempts[i].process.is_none()) {
+            return i;
+        }
+    }
+    if let Some(&i) = open.first().or(mine.last()) {
+        return i;
+    }
+    create(next, story)
+}
