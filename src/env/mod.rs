@@ -19,6 +19,7 @@ pub mod backends;
 pub mod containers;
 pub mod images;
 pub mod proxy;
+pub mod python;
 pub mod reaper;
 pub mod wire;
 

@@ -312,6 +312,25 @@ pub fn run_log(history: &History) -> String {
                 out.push_str(&line.to_logfmt());
                 out.push('\n');
             }
+            // The rollout's own lines, as an operator's tooling logs them.
+            EventKind::Fault(
+                effect @ (Effect::CutOver { .. } | Effect::CacheInvalidated { .. }),
+            ) => {
+                let status = if matches!(effect, Effect::CutOver { .. }) {
+                    Status::Cutover
+                } else {
+                    Status::CacheInvalidated
+                };
+                let mut fields = vec![("status".to_owned(), status.as_str().to_owned())];
+                fields.extend(effect.fields().into_iter().map(|(k, v)| (k.to_owned(), v)));
+                let line = LogLine {
+                    ts: ts.clone(),
+                    level: crate::contract::log::Level::Info,
+                    fields,
+                };
+                out.push_str(&line.to_logfmt());
+                out.push('\n');
+            }
             EventKind::Fault(Effect::WorkerCrashed { worker, .. }) => {
                 let mut lost = LogLine {
                     ts: ts.clone(),
