@@ -79,16 +79,9 @@ const BASE_WORKERS: [(&str, &str); 4] = [
     ("worker-d", "v2"),
 ];
 
-/// The built-in suite that catches a defect (as in `tests/integration/harness.rs`).
+/// The built-in suite that catches a defect.
 fn suite_for(defect: Defect) -> &'static str {
-    match defect {
-        Defect::UnversionedCacheKey
-        | Defect::LateCacheInvalidation
-        | Defect::RereadActiveVersion => "stale-cache-at-cutover",
-        Defect::AckBeforeFinalWrite => "worker-crash",
-        Defect::RetryWithoutDedupe => "retry-overlap",
-        Defect::RandomIdPerRetry | Defect::UnfencedFinalWrite => "lease-expiry",
-    }
+    racecert::suite::catching(defect).suite
 }
 
 /// Whether the baseline exercises a defect with same-input traffic and a cutover.
@@ -733,6 +726,9 @@ async fn baseline_round(
         jobs: read_jobs(&pipeline.infra.pg, &prefix).await?,
         requests,
         lease_ttl_ms: Some(BASE_LEASE.as_millis() as u64),
+        namespace: Some(prefix.clone()),
+        wire_recorded: false,
+        layout: racecert::contract::layout::KeyLayout::contract(&prefix),
     };
     let violations = check(&history, &Invariant::ALL);
     let redeliveries = history.with_status(Status::RetryDispatched).count();

@@ -252,7 +252,7 @@ pub fn coverage(history: &History) -> Coverage {
                     }
                 }
             }
-            EventKind::Harness(_) | EventKind::Step(_) => {}
+            EventKind::Harness(_) | EventKind::Step(_) | EventKind::Wire(_) => {}
         }
     }
     close_open(&mut coverage, &mut open);

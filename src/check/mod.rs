@@ -4,6 +4,7 @@
 //! [`coverage`] judges, from the same history, which faults reached the path they target.
 
 pub mod coverage;
+mod wire;
 
 use crate::contract::log::Status;
 use crate::contract::{JobStatus, output_version};
@@ -33,11 +34,15 @@ pub enum Invariant {
     NoLostJob,
     /// No backend call for a request while another attempt holds a valid lease on it.
     ComputeWasteBounded,
+    /// A lease is taken only when free, renewed and released only by its holder (on the wire).
+    LeaseDiscipline,
+    /// No cache entry in one version's namespace holds another version's output (on the wire).
+    NoCrossVersionCacheEntry,
 }
 
 impl Invariant {
     /// Every invariant.
-    pub const ALL: [Invariant; 7] = [
+    pub const ALL: [Invariant; 9] = [
         Invariant::AtMostOneFinalWrite,
         Invariant::GenerationsIncrease,
         Invariant::NoNonOwnerFinalWrite,
@@ -45,7 +50,17 @@ impl Invariant {
         Invariant::NoStaleCacheRead,
         Invariant::NoLostJob,
         Invariant::ComputeWasteBounded,
+        Invariant::LeaseDiscipline,
+        Invariant::NoCrossVersionCacheEntry,
     ];
+
+    /// Whether it is judged from recorded round trips only (nothing to judge without them).
+    pub fn needs_wire(self) -> bool {
+        matches!(
+            self,
+            Invariant::LeaseDiscipline | Invariant::NoCrossVersionCacheEntry
+        )
+    }
 
     /// Short name, as suites and reports spell it.
     pub fn name(self) -> &'static str {
@@ -57,6 +72,8 @@ impl Invariant {
             Invariant::NoStaleCacheRead => "no-stale-cache-read",
             Invariant::NoLostJob => "no-lost-job",
             Invariant::ComputeWasteBounded => "compute-waste-bounded",
+            Invariant::LeaseDiscipline => "lease-discipline",
+            Invariant::NoCrossVersionCacheEntry => "no-cross-version-cache-entry",
         }
     }
 
@@ -77,6 +94,12 @@ impl Invariant {
             Invariant::NoLostJob => "every submitted request ends terminal once faults heal",
             Invariant::ComputeWasteBounded => {
                 "no backend call for a request while another attempt holds a valid lease on it"
+            }
+            Invariant::LeaseDiscipline => {
+                "a lease is taken only when free, and renewed or released only by the holder whose token it stores"
+            }
+            Invariant::NoCrossVersionCacheEntry => {
+                "no entry in one model version's cache namespace holds an output of another version"
             }
         }
     }
@@ -127,8 +150,11 @@ impl fmt::Display for Violation {
     }
 }
 
-/// Checks `invariants` on `history`.
+/// Checks `invariants` on `history`. With the workers' round trips recorded, the cache and lease
+/// invariants are judged on the wire (what the workers sent), else on their log lines.
 pub fn check(history: &History, invariants: &[Invariant]) -> Vec<Violation> {
+    let keys = history.layout.matcher();
+    let wire = history.wire_recorded;
     invariants
         .iter()
         .flat_map(|invariant| match invariant {
@@ -136,9 +162,16 @@ pub fn check(history: &History, invariants: &[Invariant]) -> Vec<Violation> {
             Invariant::GenerationsIncrease => generations_increase(history),
             Invariant::NoNonOwnerFinalWrite => no_non_owner_final_write(history),
             Invariant::ResultNamesItsVersion => result_names_its_version(history),
+            Invariant::NoStaleCacheRead if wire => wire::no_stale_cache_read(history, &keys),
             Invariant::NoStaleCacheRead => no_stale_cache_read(history),
             Invariant::NoLostJob => no_lost_job(history),
+            Invariant::ComputeWasteBounded if wire => wire::compute_waste_bounded(history, &keys),
             Invariant::ComputeWasteBounded => compute_waste_bounded(history),
+            Invariant::LeaseDiscipline if wire => wire::lease_discipline(history, &keys),
+            Invariant::NoCrossVersionCacheEntry if wire => {
+                wire::no_cross_version_cache_entry(history, &keys)
+            }
+            Invariant::LeaseDiscipline | Invariant::NoCrossVersionCacheEntry => Vec::new(),
         })
         .collect()
 }

@@ -35,11 +35,22 @@ pub enum Defect {
     /// The delivery is acknowledged right after the job is taken, before the final write: a crash
     /// in between loses the job.
     AckBeforeFinalWrite,
+    /// The lease is released with a plain `DEL`, not a compare-and-delete: an attempt whose lease
+    /// ran out deletes the lease of the attempt that took over (its log still says
+    /// `lease_released`).
+    ReleaseWithoutTokenCheck,
+    /// The lease is taken with `SET key token PX ttl`, without `NX`: it always "succeeds",
+    /// overwriting a live lease of another attempt (its log still says `lease_acquired`).
+    LeaseWithoutNx,
+    /// The result is cached under the version that is active when it is written, not the version
+    /// that produced it: after a cutover an old worker fills the new version's namespace with old
+    /// outputs.
+    CacheWriteActiveNamespace,
 }
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 7] = [
+    pub const ALL: [Defect; 10] = [
         Defect::UnversionedCacheKey,
         Defect::RetryWithoutDedupe,
         Defect::RandomIdPerRetry,
@@ -47,6 +58,9 @@ impl Defect {
         Defect::LateCacheInvalidation,
         Defect::RereadActiveVersion,
         Defect::AckBeforeFinalWrite,
+        Defect::ReleaseWithoutTokenCheck,
+        Defect::LeaseWithoutNx,
+        Defect::CacheWriteActiveNamespace,
     ];
 
     /// The name used on the command line and in reports.
@@ -59,6 +73,9 @@ impl Defect {
             Defect::LateCacheInvalidation => "late-cache-invalidation",
             Defect::RereadActiveVersion => "reread-active-version",
             Defect::AckBeforeFinalWrite => "ack-before-final-write",
+            Defect::ReleaseWithoutTokenCheck => "release-without-token-check",
+            Defect::LeaseWithoutNx => "lease-without-nx",
+            Defect::CacheWriteActiveNamespace => "cache-write-active-namespace",
         }
     }
 }

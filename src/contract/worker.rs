@@ -90,11 +90,12 @@ impl std::fmt::Debug for Infra {
 }
 
 impl Infra {
-    /// Connects to Redis and Postgres at the given (proxied) URLs, failing fast: a worker cut
-    /// off from Redis or Postgres must give up its attempt (its delivery is redelivered), not sit
-    /// in reconnect loops. For a case that may cut the links.
+    /// Connects to Redis and Postgres at the given (proxied) URLs. A worker cut off from Redis or
+    /// Postgres must give up its attempt (its delivery is redelivered), not sit in reconnect
+    /// loops: racecert cuts a link by resetting its connections, which ends a query or a
+    /// connection attempt at once, so the acquire timeout can stay patient for a loaded machine.
     pub async fn connect(redis_url: &str, database_url: &str) -> Result<Infra> {
-        Infra::connect_with(redis_url, database_url, Duration::from_millis(750)).await
+        Infra::connect_with(redis_url, database_url, Duration::from_secs(10)).await
     }
 
     /// Connects with `acquire_timeout` for a Postgres connection. Two connections are opened
@@ -112,13 +113,18 @@ impl Infra {
             .set_response_timeout(Some(Duration::from_secs(5)))
             .set_number_of_retries(1);
         let redis = ConnectionManager::new_with_config(client, config).await?;
-        let pg = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(8)
-            .acquire_timeout(acquire_timeout)
-            .connect(database_url)
-            .await?;
-        let warm = futures::future::try_join(pg.acquire(), pg.acquire()).await?;
-        drop(warm);
+        // A worker runs one statement at a time: a small pool (every connection counts against
+        // the server's max_connections, shared by every worker of every case).
+        let options = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(3)
+            .min_connections(2)
+            .acquire_timeout(acquire_timeout);
+        let setting_up = std::time::Instant::now();
+        let pg = options.connect(database_url).await?;
+        // The pool opens the rest of its minimum in the background; wait for it too.
+        while pg.num_idle() < 2 && setting_up.elapsed() < Duration::from_secs(30) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         Ok(Infra {
             redis,
             pg,

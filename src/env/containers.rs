@@ -581,7 +581,8 @@ async fn start_postgres(
         "-c",
         "full_page_writes=off",
         "-c",
-        "max_connections=200",
+        // Every worker of every concurrent case has links (and a small pool) of its own.
+        "max_connections=800",
     ]
     .map(str::to_owned)
     .to_vec();

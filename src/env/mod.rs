@@ -18,6 +18,7 @@
 pub mod backends;
 pub mod containers;
 pub mod images;
+pub mod links;
 pub mod proxy;
 pub mod python;
 pub mod reaper;
@@ -28,6 +29,7 @@ use crate::{Error, Result};
 use backends::ModelBackend;
 use containers::{Network, NetworkChoice, ServiceContainer, wait_ready};
 use images::{ImageConfig, Service};
+pub use links::{CaseLinks, DedicatedProxy};
 use proxy::server::ProxyServer;
 use proxy::{FaultProxy, Proxy};
 use reaper::Owner;
@@ -268,78 +270,6 @@ struct Backend {
     proxy: Proxy,
 }
 
-/// A proxy made for one case, deleted when dropped.
-#[derive(Debug)]
-pub struct DedicatedProxy {
-    proxy: Proxy,
-    api: FaultProxy,
-}
-
-impl std::ops::Deref for DedicatedProxy {
-    type Target = Proxy;
-    fn deref(&self) -> &Proxy {
-        &self.proxy
-    }
-}
-
-impl Drop for DedicatedProxy {
-    fn drop(&mut self) {
-        // Drop cannot await: delete on the runtime if there is one (the proxy goes away right
-        // after), else on a runtime of its own before returning.
-        let api = self.api.clone();
-        let name = self.proxy.name().to_owned();
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    let _ = api.delete(&name).await;
-                });
-            }
-            Err(_) => {
-                if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    let _ = rt.block_on(api.delete(&name));
-                }
-            }
-        }
-    }
-}
-
-/// Links of one case: proxies of its own in front of Redis, Postgres and (optionally) every
-/// backend, so the faults it injects (partitions, toxics) touch no other case. Dropping it
-/// deletes the proxies.
-#[derive(Debug)]
-pub struct CaseLinks {
-    /// The case's proxy in front of Redis.
-    pub redis: DedicatedProxy,
-    /// The case's proxy in front of Postgres.
-    pub postgres: DedicatedProxy,
-    /// The case's proxy in front of each version's backend (empty unless asked for).
-    pub backends: std::collections::BTreeMap<String, DedicatedProxy>,
-    redis_url: String,
-    database_url: String,
-}
-
-impl CaseLinks {
-    /// Redis URL through the case's proxy.
-    pub fn redis_url(&self) -> &str {
-        &self.redis_url
-    }
-
-    /// Postgres URL through the case's proxy.
-    pub fn database_url(&self) -> &str {
-        &self.database_url
-    }
-
-    /// Base URL of `version`'s backend through the case's proxy, if the links include backends.
-    pub fn backend_url(&self, version: &str) -> Option<String> {
-        self.backends
-            .get(version)
-            .map(|proxy| format!("http://{}", proxy.listen()))
-    }
-}
-
 static BED_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// The running test bed. Drop (or [`TestBed::shutdown`]) removes its containers and proxies.
@@ -363,6 +293,8 @@ pub struct TestBed {
     startup: Duration,
     external_proxy: bool,
     network: Option<Network>,
+    /// The origin of recorded round trips' times.
+    clock: Instant,
 }
 
 impl std::fmt::Debug for TestBed {
@@ -558,6 +490,7 @@ impl TestBed {
             lock: tokio::sync::RwLock::new(()),
             startup: Duration::ZERO,
             network,
+            clock: started,
         };
         bed.wait_services_ready().await?;
         bed.prepare_database(spec.services == Services::Containers)
@@ -784,8 +717,17 @@ impl TestBed {
         })
     }
 
-    /// Proxies of a case's own in front of Redis, Postgres and, with `backends`, every backend.
+    /// Proxies of a case's own in front of Redis, Postgres and, with `backends`, every backend
+    /// (not recorded).
     pub async fn case_links(&self, backends: bool) -> Result<CaseLinks> {
+        self.links(backends, false).await
+    }
+
+    /// Proxies of one worker's (or case's) own in front of Redis, Postgres and, with `backends`,
+    /// every backend; with `record`, every round trip through them is framed and delivered to
+    /// whoever [`CaseLinks::record`] names (when the proxy runs in process: a proxy served
+    /// elsewhere cannot be tapped, and the links then record nothing).
+    pub async fn links(&self, backends: bool, record: bool) -> Result<CaseLinks> {
         let redis = self.dedicated_proxy(Target::Redis).await?;
         let postgres = self.dedicated_proxy(Target::Postgres).await?;
         let mut proxies = std::collections::BTreeMap::new();
@@ -797,12 +739,35 @@ impl TestBed {
                 );
             }
         }
+        let route = match (&self.proxy_server, record) {
+            (Some(server), true) => {
+                let route = std::sync::Arc::new(links::WireRoute::default());
+                let clock = wire::Clock::new(self.clock);
+                let mut taps: Vec<(&DedicatedProxy, wire::Protocol, String)> = vec![
+                    (&redis, wire::Protocol::Redis, "redis".to_owned()),
+                    (&postgres, wire::Protocol::Postgres, "postgres".to_owned()),
+                ];
+                for (version, proxy) in &proxies {
+                    taps.push((proxy, wire::Protocol::Http, format!("backend:{version}")));
+                }
+                for (proxy, protocol, service) in taps {
+                    let tap = wire::WireTap::builder(proxy.name(), protocol)
+                        .clock(clock)
+                        .shared_sink(route.sink(service))
+                        .build();
+                    server.set_tap(proxy.name(), Some(tap)).await?;
+                }
+                Some(route)
+            }
+            _ => None,
+        };
         Ok(CaseLinks {
             redis_url: via(&self.redis_direct_url, redis.listen()).to_string(),
             database_url: via(&self.database_direct_url, postgres.listen()).to_string(),
             redis,
             postgres,
             backends: proxies,
+            route,
         })
     }
 

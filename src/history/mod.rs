@@ -5,8 +5,10 @@
 
 use crate::Result;
 use crate::contract::JobStatus;
+use crate::contract::layout::KeyLayout;
 use crate::contract::log::{Echo, LogLine, LogSink, Status};
 use crate::env::backends::JournalEntry;
+use crate::env::links::{WireEvent, WireListener};
 use crate::fault::Effect;
 use crate::reference::JobRow;
 use serde::{Deserialize, Serialize};
@@ -162,7 +164,7 @@ impl Observation {
 }
 
 /// What an event is.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum EventKind {
     /// A schedule step began (its description).
     Step(String),
@@ -172,10 +174,12 @@ pub enum EventKind {
     Harness(Observation),
     /// A line a worker logged.
     Worker(LogLine),
+    /// A round trip a worker made, as its links recorded it (boxed: most events are small).
+    Wire(Box<WireEvent>),
 }
 
 /// One event of the history.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Event {
     /// Logical step of the schedule during which it happened (0 before the first step).
     pub step: usize,
@@ -195,7 +199,7 @@ impl Event {
             EventKind::Worker(line) => line.get(key).map(str::to_owned),
             EventKind::Fault(effect) => find(effect.fields()),
             EventKind::Harness(observation) => find(observation.fields()),
-            EventKind::Step(_) => None,
+            EventKind::Step(_) | EventKind::Wire(_) => None,
         }
     }
 
@@ -268,6 +272,12 @@ impl Recorder {
         self.push(EventKind::Fault(effect));
     }
 
+    /// Where a worker's links deliver its round trips: recorded as they complete.
+    pub fn wire_listener(self: &Arc<Self>) -> WireListener {
+        let recorder = Arc::clone(self);
+        Arc::new(move |event: WireEvent| recorder.push(EventKind::Wire(Box::new(event))))
+    }
+
     /// Records what the harness saw or did.
     pub fn observe(&self, observation: Observation) {
         self.push(EventKind::Harness(observation));
@@ -306,6 +316,12 @@ pub struct History {
     /// On real clocks, the lease TTL the workers were given (leases run out by themselves); None
     /// when only the schedule makes leases expire.
     pub lease_ttl_ms: Option<u64>,
+    /// The run's key prefix (its namespace), when it has one.
+    pub namespace: Option<String>,
+    /// Whether the workers' round trips were recorded (the wire checks apply).
+    pub wire_recorded: bool,
+    /// Where the system keeps leases and cache entries (the wire checks match keys with it).
+    pub layout: KeyLayout,
 }
 
 /// Assembles the history of a run whose keys live under `prefix`: its events, plus the two
@@ -328,6 +344,9 @@ pub async fn collect(
         jobs: read_jobs(pg, prefix).await?,
         requests,
         lease_ttl_ms: None,
+        namespace: (!prefix.is_empty()).then(|| prefix.to_owned()),
+        wire_recorded: false,
+        layout: KeyLayout::contract(prefix),
     })
 }
 
@@ -395,6 +414,18 @@ impl History {
                         let _ = write!(out, " {k}={v}");
                     }
                     out.push('\n');
+                }
+                // Set-up and health checks say nothing about the run.
+                EventKind::Wire(wire) if wire.trip.is_effectless() => {}
+                EventKind::Wire(wire) => {
+                    let _ = writeln!(
+                        out,
+                        "step {:>2}  WIRE {} {} {}",
+                        event.step,
+                        wire.worker,
+                        wire.service,
+                        wire.trip.describe(self.namespace.as_deref())
+                    );
                 }
                 EventKind::Harness(observation) => {
                     let _ = write!(

@@ -41,6 +41,15 @@ impl Queue {
         Ok(queue)
     }
 
+    /// The queue under `keys` over `redis`, for a stream whose group exists already (no round
+    /// trip).
+    pub fn over(redis: ConnectionManager, keys: &Keys) -> Queue {
+        Queue {
+            redis,
+            stream: keys.stream(),
+        }
+    }
+
     /// The stream key.
     pub fn stream(&self) -> &str {
         &self.stream

@@ -526,10 +526,12 @@ impl Worker {
             self.lease_seq.fetch_add(1, Ordering::Relaxed)
         );
         let lease_key = self.keys.lease(&attempt.key);
-        let acquired: Option<String> = redis::cmd("SET")
-            .arg(&lease_key)
-            .arg(&token)
-            .arg("NX")
+        let mut take = redis::cmd("SET");
+        take.arg(&lease_key).arg(&token);
+        if !self.config.defects.has(Defect::LeaseWithoutNx) {
+            take.arg("NX");
+        }
+        let acquired: Option<String> = take
             .arg("PX")
             .arg(self.config.lease_ttl.as_millis() as u64)
             .query_async(&mut redis)
@@ -624,12 +626,18 @@ impl Worker {
                 };
                 self.checkpoint(Checkpoint::AfterBackendCall).await?;
                 self.checkpoint(Checkpoint::BeforeCacheWrite).await?;
+                // The defect caches under whatever version is live now, not the producer's.
+                let write_key = if self.config.defects.has(Defect::CacheWriteActiveNamespace) {
+                    let live = self
+                        .active_version()
+                        .await?
+                        .unwrap_or_else(|| cache_version.clone());
+                    self.cache_key(&live, &job.input)
+                } else {
+                    attempt.cache_key.clone()
+                };
                 let _: () = redis
-                    .set_ex(
-                        &attempt.cache_key,
-                        &output,
-                        self.config.cache_ttl.as_secs().max(1),
-                    )
+                    .set_ex(&write_key, &output, self.config.cache_ttl.as_secs().max(1))
                     .await?;
                 self.log(Level::Info, &attempt, Status::CacheWritten, &[]);
                 (output, false)
@@ -862,11 +870,15 @@ impl Worker {
         token: &str,
         attempt: &Attempt,
     ) -> Result<()> {
-        let deleted: i64 = redis::Script::new(RELEASE_LEASE)
-            .key(lease_key)
-            .arg(token)
-            .invoke_async(redis)
-            .await?;
+        let deleted: i64 = if self.config.defects.has(Defect::ReleaseWithoutTokenCheck) {
+            redis.del(lease_key).await?
+        } else {
+            redis::Script::new(RELEASE_LEASE)
+                .key(lease_key)
+                .arg(token)
+                .invoke_async(redis)
+                .await?
+        };
         let word = if deleted == 1 {
             Status::LeaseReleased
         } else {

@@ -67,6 +67,13 @@ pub fn protection(defect: Defect) -> &'static str {
         Defect::AckBeforeFinalWrite => {
             "the delivery is acknowledged only after the final write, so a crash leaves it to be redelivered"
         }
+        Defect::ReleaseWithoutTokenCheck => {
+            "the lease is released by compare-and-delete, only while it still holds the releaser's token"
+        }
+        Defect::LeaseWithoutNx => "the lease is taken with SET NX, only when it is free",
+        Defect::CacheWriteActiveNamespace => {
+            "an output is cached in the namespace of the version that produced it"
+        }
     }
 }
 

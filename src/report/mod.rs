@@ -205,12 +205,34 @@ fn violation_report(violation: &Violation) -> ViolationReport {
     }
 }
 
-/// Lanes and arrows of a counterexample's sequence diagram.
+/// Lanes and arrows of a counterexample's sequence diagram. When the workers' round trips were
+/// recorded, the arrows to Redis, Postgres and the backends are those round trips (what each
+/// worker really sent, with the reply), and the workers' own log lines are notes on their lanes.
 pub fn diagram(history: &History, violations: &[Violation]) -> (Vec<String>, Vec<DiagramEvent>) {
     let mut workers: Vec<String> = Vec::new();
     let mut backends: Vec<String> = Vec::new();
+    let wired = history
+        .events
+        .iter()
+        .any(|e| matches!(e.kind, EventKind::Wire(_)));
+    // Worker id -> its lane, once its first line names its version.
+    let mut lane_of: BTreeMap<String, String> = BTreeMap::new();
     for event in &history.events {
+        if let EventKind::Wire(wire) = &event.kind
+            && let Some(version) = wire.service.strip_prefix("backend:")
+        {
+            let lane = format!("backend {version}");
+            if !backends.contains(&lane) {
+                backends.push(lane);
+            }
+        }
         if let EventKind::Worker(line) = &event.kind {
+            if let (Some(worker), Some(version)) =
+                (line.get("worker_id"), line.get("model_version"))
+                && !lane_of.contains_key(worker)
+            {
+                lane_of.insert(worker.to_owned(), format!("{worker} ({version})"));
+            }
             if let (Some(worker), Some(version)) =
                 (line.get("worker_id"), line.get("model_version"))
             {
@@ -220,11 +242,20 @@ pub fn diagram(history: &History, violations: &[Violation]) -> (Vec<String>, Vec
                 }
             }
             if let Some(backend) = line.get("backend_endpoint").filter(|b| *b != "-")
+                && !wired
                 && line.is(Status::InferenceStarted)
                 && !backends.contains(&backend.to_owned())
             {
                 backends.push(backend.to_owned());
             }
+        }
+    }
+    for event in &history.events {
+        if let EventKind::Wire(wire) = &event.kind
+            && !lane_of.contains_key(&wire.worker)
+        {
+            lane_of.insert(wire.worker.clone(), wire.worker.clone());
+            workers.push(wire.worker.clone());
         }
     }
     let mut lanes = vec!["API".to_owned(), "queue".to_owned()];
@@ -266,6 +297,25 @@ pub fn diagram(history: &History, violations: &[Violation]) -> (Vec<String>, Vec
                 });
             }
             EventKind::Harness(_) => {}
+            EventKind::Wire(wire) if wire.trip.is_effectless() => {}
+            EventKind::Wire(wire) => {
+                let from = lane_of
+                    .get(&wire.worker)
+                    .cloned()
+                    .unwrap_or_else(|| wire.worker.clone());
+                let to = match wire.service.strip_prefix("backend:") {
+                    Some(version) => format!("backend {version}"),
+                    None if wire.service == "redis" => "Redis".to_owned(),
+                    None => "Postgres".to_owned(),
+                };
+                events.push(DiagramEvent {
+                    step: event.step,
+                    from,
+                    to,
+                    label: wire.trip.describe(history.namespace.as_deref()),
+                    kind: "wire".into(),
+                });
+            }
             EventKind::Worker(line) => {
                 let Some(raw) = line.status() else {
                     continue;
@@ -295,6 +345,12 @@ pub fn diagram(history: &History, violations: &[Violation]) -> (Vec<String>, Vec
                         (backend.clone(), worker.clone())
                     }
                     _ => (worker.clone(), "Postgres".to_owned()),
+                };
+                // With the wire recorded, the log says what the worker claims: a note.
+                let (from, to) = if wired {
+                    (worker.clone(), worker.clone())
+                } else {
+                    (from, to)
                 };
                 let to = if lanes.contains(&to) {
                     to

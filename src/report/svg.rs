@@ -1,5 +1,6 @@
 //! The SVG sequence diagram of a counterexample: one vertical lane per participant, one row per
-//! event in order; faults are bands across every lane, violating writes are red.
+//! event in order; faults are bands across every lane, violating writes are red, recorded round
+//! trips (what a worker really sent) are blue.
 
 use super::{DiagramEvent, esc};
 use std::fmt::Write as _;
@@ -49,20 +50,20 @@ pub fn sequence_diagram(lanes: &[String], events: &[DiagramEvent]) -> String {
             }
             kind => {
                 let (x1, x2) = (x(&event.from), x(&event.to));
-                let color = if kind == "violation" {
-                    "#b00020"
-                } else {
-                    "#333"
+                let color = match kind {
+                    "violation" => "#b00020",
+                    "wire" => "#2a5db0",
+                    _ => "#333",
                 };
                 let marker = if kind == "violation" {
                     "arrow-red"
                 } else {
                     "arrow"
                 };
-                let class = if kind == "violation" {
-                    "violation"
-                } else {
-                    "message"
+                let class = match kind {
+                    "violation" => "violation",
+                    "wire" => "wire",
+                    _ => "message",
                 };
                 if x1 == x2 {
                     let _ = writeln!(

@@ -10,9 +10,7 @@ use crate::contract::checkpoint::Checkpoints;
 use crate::contract::defect::Defects;
 use crate::contract::delivery::Delivery;
 use crate::contract::log::Echo;
-use crate::contract::worker::{
-    BackendEndpoint, Infra, WorkerContext, WorkerFactory, WorkerUnderTest,
-};
+use crate::contract::worker::{Infra, WorkerContext, WorkerFactory, WorkerUnderTest};
 use crate::env::TestBed;
 use crate::fault::{Fault, FaultKind, PartitionTarget, apply};
 use crate::history::{Observation, Recorder};
@@ -21,7 +19,7 @@ use crate::reference::queue::Queue;
 use crate::schedule::WorkerSpec;
 use crate::schedule::arrivals::Arrivals;
 use crate::schedule::controlled::CaseResult;
-use crate::schedule::plane::{CasePlane, Services, Workers};
+use crate::schedule::plane::{BackendFaults, CasePlane, Services, WorkerLink, Workers};
 use crate::{Error, Result};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -139,7 +137,8 @@ async fn worker_loop(
 struct Tasks {
     workers: Vec<Arc<dyn WorkerUnderTest>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    queue: Queue,
+    /// Each worker's view of the queue, through its own link.
+    queues: Vec<Queue>,
     visibility: Duration,
     stop: Arc<AtomicBool>,
     seed: u64,
@@ -151,7 +150,7 @@ impl Tasks {
     fn spawn(&self, index: usize) -> tokio::task::JoinHandle<()> {
         tokio::spawn(worker_loop(
             self.workers[index].clone(),
-            self.queue.clone(),
+            self.queues[index].clone(),
             self.visibility,
             self.stop.clone(),
             self.seed ^ ((index as u64) << 32) ^ self.crashes,
@@ -193,26 +192,19 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
         CHAOS_RUNS.fetch_add(1, Ordering::Relaxed)
     );
     let keys = Keys::namespaced(&namespace);
-    // Faults touch this case only: proxies of its own for Redis, Postgres and each backend.
-    let links = bed.case_links(true).await?;
-    let mut backends = BTreeMap::new();
-    for version in bed.versions() {
-        backends.insert(
-            version.to_owned(),
-            BackendEndpoint {
-                name: crate::reference::endpoint_name(bed.backend(version)?.name()),
-                url: links.backend_url(version).unwrap_or_default(),
-            },
-        );
+    // Faults touch this case only, and every round trip is attributed: each worker has proxies
+    // of its own for Redis, Postgres and each backend.
+    let mut links = Vec::new();
+    for _ in &settings.workers {
+        links.push(WorkerLink::open(bed, true, true).await?);
     }
-    let versions: Vec<String> = links.backends.keys().cloned().collect();
-    let infra = Infra::connect(links.redis_url(), links.database_url()).await?;
+    let versions: Vec<String> = bed.versions().into_iter().map(str::to_owned).collect();
     let admin = Infra::connect_harness(&bed.redis_url(), &bed.database_url()).await?;
     let recorder = Recorder::new();
     let log = recorder.log_sink(Echo::Off);
     // The API side submits through the harness's connections: clients retry their submits, and
     // the faults under test are the workers'.
-    let mut api = Pipeline::with_infra(admin.clone(), keys.clone(), backends.clone(), log.clone())
+    let mut api = Pipeline::with_infra(admin.clone(), keys.clone(), BTreeMap::new(), log.clone())
         .await?
         .api;
     // Requests arrive throughout the first 80% of the run, so faults meet work in flight.
@@ -225,15 +217,18 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
     );
 
     let mut workers = Vec::new();
+    let mut queues = Vec::new();
     for (index, spec) in settings.workers.iter().enumerate() {
+        let infra = links[index].infra()?.clone();
+        queues.push(Queue::over(infra.redis.clone(), &keys));
         let worker = settings
             .factory
             .start(WorkerContext {
                 spec,
                 index,
-                infra: infra.clone(),
+                infra,
                 keys: keys.clone(),
-                backends: &backends,
+                backends: &links[index].backends,
                 checkpoints: Checkpoints::free(),
                 log: log.clone(),
                 backend_timeout: settings.backend_timeout,
@@ -243,12 +238,11 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
             .await?;
         workers.push(worker);
     }
-    let queue = Queue::open(infra.redis.clone(), &keys).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Tasks {
         workers,
         tasks: Vec::new(),
-        queue: queue.clone(),
+        queues: queues.clone(),
         visibility: settings.visibility_timeout,
         stop: stop.clone(),
         seed: settings.seed,
@@ -261,14 +255,18 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
             bed,
             keys.clone(),
             admin.clone(),
-            infra.clone(),
-            Some(links),
+            links,
+            BackendFaults::Toxics,
             settings.defects.clone(),
             settings.backend_timeout,
         ),
         workers: tasks,
     };
 
+    let mut wire_recorded = true;
+    for (index, spec) in settings.workers.iter().enumerate() {
+        wire_recorded &= plane.services.record(index, &spec.id, &recorder);
+    }
     // The fault plan: a seeded sequence of faults at seeded times, each one a step.
     let deadline = started + settings.duration;
     let mut cutover_done = settings.cutover_to.is_none();
@@ -360,11 +358,11 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
             .delete_lease(&request.idempotency_key)
             .await?;
     }
-    let mut queue = queue;
     let mut settled = false;
     for _ in 0..(4 * requests.len() + 8) {
         let mut progressed = false;
-        for worker in &plane.workers.workers {
+        for (index, worker) in plane.workers.workers.iter().enumerate() {
+            let mut queue = plane.workers.queues[index].clone();
             if active
                 .as_deref()
                 .is_some_and(|v| v != worker.model_version())
@@ -390,5 +388,6 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
     let mut history =
         crate::history::collect(bed, &admin.pg, keys.prefix(), recorder.events(), requests).await?;
     history.lease_ttl_ms = Some(settings.lease_ttl.as_millis() as u64);
+    history.wire_recorded = wire_recorded;
     Ok(CaseResult::judge(history, &settings.invariants))
 }

@@ -14,20 +14,16 @@ use crate::contract::checkpoint::{Arrival, Checkpoint, Gate};
 use crate::contract::defect::Defects;
 use crate::contract::delivery::{Delivery, JobMessage};
 use crate::contract::log::Echo;
-use crate::contract::worker::{
-    BackendEndpoint, Infra, WorkerContext, WorkerFactory, WorkerUnderTest,
-};
+use crate::contract::worker::{Infra, WorkerContext, WorkerFactory, WorkerUnderTest};
 use crate::env::TestBed;
 use crate::fault::{Fault, apply};
 use crate::history::{History, Observation, Recorder, SubmittedRequest, read_jobs};
-use crate::reference::Pipeline;
 use crate::reference::ReferenceFactory;
 use crate::reference::queue::Queue;
 use crate::reference::submit::InferenceRequest;
-use crate::schedule::plane::{CasePlane, Services, Workers};
+use crate::schedule::plane::{BackendFaults, CasePlane, Services, WorkerLink, Workers};
 use crate::schedule::{Schedule, Step, WorkerSpec};
 use crate::{Error, Result};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -47,6 +43,9 @@ pub struct CaseSettings {
     pub backend_timeout: Duration,
     /// Starts the workers under test (default: the reference worker).
     pub factory: Arc<dyn WorkerFactory>,
+    /// Records every round trip the workers make (the wire checks need it). Off, links carry
+    /// bytes untouched and cost nothing extra.
+    pub wire: bool,
 }
 
 impl CaseSettings {
@@ -67,6 +66,7 @@ impl CaseSettings {
             invariants: Invariant::ALL.to_vec(),
             backend_timeout: Duration::from_millis(250),
             factory: Arc::new(ReferenceFactory),
+            wire: true,
         }
     }
 }
@@ -96,12 +96,12 @@ impl CaseResult {
 /// Runs controlled cases on one test bed.
 pub struct Controller<'a> {
     bed: &'a TestBed,
-    /// The workers' connections in cases that cut no link.
-    infra: Infra,
     /// The harness's own connections (patient).
     admin: Infra,
     settings: CaseSettings,
-    backends: BTreeMap<String, BackendEndpoint>,
+    /// Per worker index, links not in use by a case (each case takes one per worker and gives it
+    /// back: links and their connections outlive cases, so a case costs no set-up).
+    pools: Vec<std::sync::Mutex<Vec<WorkerLink>>>,
     run_id: String,
     cases: AtomicU64,
     /// Cases may run concurrently (each in its own namespace, on its own proxies when it cuts a
@@ -125,31 +125,27 @@ impl<'a> Controller<'a> {
         if settings.workers.is_empty() {
             return Err(Error::Config("a case needs at least one worker".into()));
         }
-        // No case cuts these links (a partition gets links of its own): no need to fail fast.
-        let infra = Infra::connect_with(
-            &bed.redis_url(),
-            &bed.database_url(),
-            Duration::from_secs(10),
-        )
-        .await?;
         let admin = Infra::connect_harness(&bed.redis_url(), &bed.database_url()).await?;
-        let backends = crate::reference::backend_endpoints(bed)?;
+        let served = bed.versions();
         for spec in &settings.workers {
-            if !backends.contains_key(&spec.version) {
+            if !served.contains(&spec.version.as_str()) {
                 return Err(Error::Config(format!(
                     "worker {} runs {} but the test bed serves {}",
                     spec.id,
                     spec.version,
-                    bed.versions().join(", ")
+                    served.join(", ")
                 )));
             }
         }
         Ok(Controller {
             bed,
-            infra,
             admin,
+            pools: settings
+                .workers
+                .iter()
+                .map(|_| std::sync::Mutex::new(Vec::new()))
+                .collect(),
             settings,
-            backends,
             run_id: format!(
                 "r{}x{}",
                 std::process::id(),
@@ -179,13 +175,53 @@ impl<'a> Controller<'a> {
         };
         let case = self.cases.fetch_add(1, Ordering::Relaxed);
         let namespace = format!("{}c{case}", self.run_id);
-        let mut run = CaseRun::start(self, schedule, &namespace).await?;
-        let outcome = run.execute(schedule).await;
+        // A harness error says in which phase of which case it happened.
+        let during = |phase: &str| {
+            let namespace = namespace.clone();
+            let phase = phase.to_owned();
+            move |err: Error| Error::other(format!("case {namespace}, {phase}: {err}"))
+        };
+        let mut run = CaseRun::start(self, schedule, &namespace)
+            .await
+            .map_err(during("setting up"))?;
+        let outcome = run
+            .execute(schedule)
+            .await
+            .map_err(during("running the steps"));
         // Whatever happened, leave nothing running or held.
-        let drained = run.drain().await;
+        let drained = run.drain().await.map_err(during("draining"));
         outcome?;
         drained?;
-        run.finish().await
+        run.finish().await.map_err(during("collecting the history"))
+    }
+
+    /// Links for worker `index` of a case: a pooled one (its Redis connection answering again if
+    /// a restart broke it while it waited), or new ones.
+    async fn take_link(&self, index: usize) -> Result<WorkerLink> {
+        let pooled = self.pools[index].lock().expect("poisoned").pop();
+        match pooled {
+            Some(link) => {
+                let redis = link.infra()?.redis.clone();
+                crate::env::containers::wait_ready(
+                    "redis (pooled worker link)",
+                    Duration::from_secs(10),
+                    || {
+                        let mut redis = redis.clone();
+                        async move { redis::cmd("PING").query_async::<String>(&mut redis).await }
+                    },
+                )
+                .await?;
+                Ok(link)
+            }
+            None => WorkerLink::open(self.bed, self.settings.wire, true).await,
+        }
+    }
+
+    /// Gives a case's links back for the next cases (healed by the case's drain).
+    fn give_back(&self, links: Vec<WorkerLink>) {
+        for (index, link) in links.into_iter().enumerate() {
+            self.pools[index].lock().expect("poisoned").push(link);
+        }
     }
 }
 
@@ -194,6 +230,8 @@ struct Slot {
     worker: Arc<dyn WorkerUnderTest>,
     task: Option<JoinHandle<Result<()>>>,
     parked: Option<Arrival>,
+    /// The job queue as this worker sees it (through its own link, possibly cut).
+    queue: Queue,
 }
 
 /// The case's workers, parked at their checkpoints by the gate.
@@ -257,12 +295,12 @@ impl Workers for Slots {
 /// The state of one running case.
 struct CaseRun<'c, 'a> {
     controller: &'c Controller<'a>,
-    pipeline: Pipeline,
+    keys: Keys,
+    /// Whether every worker's round trips are recorded.
+    wire_recorded: bool,
     plane: CasePlane<'a, Slots>,
     recorder: Arc<Recorder>,
     requests: Vec<SubmittedRequest>,
-    /// The job queue as the case's workers see it (through their possibly partitioned link).
-    queue: Queue,
     /// Steps in the schedule (the drain is numbered after them).
     steps: usize,
 }
@@ -274,42 +312,32 @@ impl<'c, 'a> CaseRun<'c, 'a> {
         namespace: &str,
     ) -> Result<CaseRun<'c, 'a>> {
         let bed = controller.bed;
-        let needs_partition = schedule
-            .steps
-            .iter()
-            .any(|s| matches!(s, Step::Fault(Fault::Partition { .. } | Fault::Heal { .. })));
-        // A partition must cut off this case only: it gets proxies (and connections) of its own.
-        let (infra, links) = if needs_partition {
-            let links = bed.case_links(false).await?;
-            let infra = Infra::connect(links.redis_url(), links.database_url()).await?;
-            (infra, Some(links))
-        } else {
-            (controller.infra.clone(), None)
-        };
         let recorder = Recorder::new();
         let keys = Keys::namespaced(namespace);
-        let pipeline = Pipeline::with_infra(
-            infra.clone(),
-            keys.clone(),
-            controller.backends.clone(),
-            recorder.log_sink(Echo::Off),
-        )
-        .await?;
-        let gate = Arc::new(Gate::new(Duration::from_secs(20)));
         let settings = &controller.settings;
+        let mut links = Vec::new();
+        for index in 0..settings.workers.len() {
+            links.push(controller.take_link(index).await?);
+        }
+        // The case's stream and consumer group, made by the harness before any worker reads.
+        let harness_queue = Queue::open(controller.admin.redis.clone(), &keys).await?;
+        let log = recorder.log_sink(Echo::Off);
+        let gate = Arc::new(Gate::new(Duration::from_secs(20)));
         let mut slots = Vec::new();
         for (index, spec) in settings.workers.iter().enumerate() {
             gate.hold(&spec.id);
+            let link = &links[index];
+            let infra = link.infra()?.clone();
             let worker = settings
                 .factory
                 .start(WorkerContext {
                     spec,
                     index,
-                    infra: pipeline.infra.clone(),
-                    keys: pipeline.keys.clone(),
-                    backends: &controller.backends,
+                    infra: infra.clone(),
+                    keys: keys.clone(),
+                    backends: &link.backends,
                     checkpoints: gate.checkpoints(),
-                    log: pipeline.log.clone(),
+                    log: log.clone(),
                     backend_timeout: settings.backend_timeout,
                     // Time-driven events come from the schedule: keep the clock out of the way.
                     lease_ttl: Duration::from_secs(60),
@@ -320,13 +348,15 @@ impl<'c, 'a> CaseRun<'c, 'a> {
                 worker,
                 task: None,
                 parked: None,
+                // The harness receives on the worker's behalf, through the worker's own link.
+                queue: Queue::over(infra.redis.clone(), &keys),
             });
         }
         // The API side submits through the harness's connections: a client retries its submit,
         // and the faults under test are the workers'.
         let mut api = crate::reference::submit::Api::new(
             controller.admin.pg.clone(),
-            Queue::open(controller.admin.redis.clone(), &keys).await?,
+            harness_queue,
             keys.clone(),
         );
         let mut requests = Vec::new();
@@ -343,20 +373,24 @@ impl<'c, 'a> CaseRun<'c, 'a> {
                 input: crate::reference::submit::normalize_input(&request.input),
             });
         }
-        let queue = Queue::open(pipeline.infra.redis.clone(), &pipeline.keys).await?;
         let mut services = Services::new(
             bed,
-            keys,
+            keys.clone(),
             controller.admin.clone(),
-            infra,
             links,
+            BackendFaults::Programs,
             settings.defects.clone(),
             settings.backend_timeout,
         );
+        let mut wire_recorded = true;
+        for (index, spec) in settings.workers.iter().enumerate() {
+            wire_recorded &= services.record(index, &spec.id, &recorder);
+        }
         services.requests = requests.iter().map(|r| r.idempotency_key.clone()).collect();
         Ok(CaseRun {
             controller,
-            pipeline,
+            keys,
+            wire_recorded,
             plane: CasePlane {
                 services,
                 workers: Slots {
@@ -367,7 +401,6 @@ impl<'c, 'a> CaseRun<'c, 'a> {
             },
             recorder,
             requests,
-            queue,
             steps: schedule.steps.len(),
         })
     }
@@ -400,7 +433,7 @@ impl<'c, 'a> CaseRun<'c, 'a> {
             if slot_worker.is_draining() {
                 return Ok(());
             }
-            let delivery = match self.receive_for(slot_worker.id()).await {
+            let delivery = match self.receive_for(index).await {
                 Ok(delivery) => delivery,
                 Err(err) => {
                     // The worker could not reach its queue (a partition): its step does nothing.
@@ -488,7 +521,7 @@ impl<'c, 'a> CaseRun<'c, 'a> {
                 .iter()
                 .map(|s| s.worker.clone())
                 .collect();
-            for worker in workers {
+            for (index, worker) in workers.into_iter().enumerate() {
                 if active
                     .as_deref()
                     .is_some_and(|v| v != worker.model_version())
@@ -497,7 +530,7 @@ impl<'c, 'a> CaseRun<'c, 'a> {
                     continue;
                 }
                 // (After healing, the workers' connections answer again: heal_all waited.)
-                if let Some(delivery) = self.receive_for(worker.id()).await? {
+                if let Some(delivery) = self.receive_for(index).await? {
                     if let Err(err) = worker.process(delivery).await {
                         self.recorder.observe(Observation::AttemptError {
                             worker: worker.id().to_owned(),
@@ -519,8 +552,8 @@ impl<'c, 'a> CaseRun<'c, 'a> {
     /// Redis lost the stream: the sweeper re-enqueues every job the table says is unfinished.
     async fn recover_queue(&mut self) -> Result<()> {
         let admin = self.plane.services.admin().clone();
-        let mut queue = Queue::open(admin.redis.clone(), &self.pipeline.keys).await?;
-        for job in read_jobs(&admin.pg, self.pipeline.keys.prefix()).await? {
+        let mut queue = Queue::open(admin.redis.clone(), &self.keys).await?;
+        for job in read_jobs(&admin.pg, self.keys.prefix()).await? {
             if job.status().is_ok_and(|s| !s.is_terminal()) {
                 let input = self
                     .requests
@@ -547,10 +580,12 @@ impl<'c, 'a> CaseRun<'c, 'a> {
         Ok(())
     }
 
-    /// The next delivery for a worker: a new job, else a redelivery of an unacknowledged one
-    /// (its visibility timeout made to expire now, and recorded as such).
-    async fn receive_for(&self, worker: &str) -> Result<Option<Delivery>> {
-        let mut queue = self.queue.clone();
+    /// The next delivery for worker `index`: a new job, else a redelivery of an unacknowledged
+    /// one (its visibility timeout made to expire now, and recorded as such).
+    async fn receive_for(&self, index: usize) -> Result<Option<Delivery>> {
+        let slot = &self.plane.workers.slots[index];
+        let worker = slot.worker.id();
+        let mut queue = slot.queue.clone();
         if let Some(delivery) = queue.receive(worker, Duration::from_secs(3600)).await? {
             return Ok(Some(delivery));
         }
@@ -565,16 +600,20 @@ impl<'c, 'a> CaseRun<'c, 'a> {
         Ok(redelivery)
     }
 
-    async fn finish(self) -> Result<CaseResult> {
+    async fn finish(mut self) -> Result<CaseResult> {
+        // The drain healed every link: they serve the next case.
+        self.controller
+            .give_back(self.plane.services.release_links());
         let admin = self.plane.services.admin();
-        let history = crate::history::collect(
+        let mut history = crate::history::collect(
             self.controller.bed,
             &admin.pg,
-            self.pipeline.keys.prefix(),
+            self.keys.prefix(),
             self.recorder.events(),
             self.requests.clone(),
         )
         .await?;
+        history.wire_recorded = self.wire_recorded;
         Ok(CaseResult::judge(
             history,
             &self.controller.settings.invariants,

@@ -214,7 +214,7 @@ struct Screened {
 
 /// What became of one screened case.
 enum Screen {
-    Ran(Result<CaseResult>),
+    Ran(Box<Result<CaseResult>>),
     /// Not run: an earlier case failed or errored, or the time budget ran out.
     Skipped,
 }
@@ -254,7 +254,7 @@ async fn screen(
                     budget_out.store(true, Ordering::SeqCst);
                     return (index, Screen::Skipped);
                 }
-                (index, Screen::Ran(controller.run(schedule).await))
+                (index, Screen::Ran(Box::new(controller.run(schedule).await)))
             }
         })
         .buffer_unordered(config.concurrency.max(1));
@@ -264,6 +264,7 @@ async fn screen(
         let Screen::Ran(result) = outcome else {
             continue;
         };
+        let result = *result;
         screened.cases += 1;
         if let Some(progress) = &config.progress {
             (progress.0)(screened.cases);

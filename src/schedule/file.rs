@@ -79,6 +79,7 @@ impl ScheduleFile {
             invariants: self.invariants.clone(),
             backend_timeout: Duration::from_millis(self.backend_timeout_ms),
             factory: Arc::new(crate::reference::ReferenceFactory),
+            wire: true,
         }
     }
 

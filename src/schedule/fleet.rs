@@ -19,7 +19,7 @@ use crate::reference::process::WorkerEnv;
 use crate::schedule::WorkerSpec;
 use crate::schedule::arrivals::Arrivals;
 use crate::schedule::controlled::CaseResult;
-use crate::schedule::plane::{CasePlane, Services, Workers};
+use crate::schedule::plane::{BackendFaults, CasePlane, Services, WorkerLink, Workers};
 use crate::{Error, Result};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -134,8 +134,9 @@ impl Drop for Proc {
 /// The fleet's processes: started from the command, one process group each.
 struct Processes {
     command: String,
-    /// The contract's environment per version (worker id and version filled per start).
-    env: BTreeMap<String, WorkerEnv>,
+    /// Per worker, the contract's environment per version, through the worker's own links
+    /// (worker id and version filled per start).
+    env: Vec<BTreeMap<String, WorkerEnv>>,
     recorder: Arc<Recorder>,
     outputs: Outputs,
     starts: u32,
@@ -145,10 +146,11 @@ struct Processes {
 }
 
 impl Processes {
-    fn start(&mut self, spec: &WorkerSpec) -> Result<Proc> {
+    fn start(&mut self, index: usize, spec: &WorkerSpec) -> Result<Proc> {
         let env = self
             .env
-            .get(&spec.version)
+            .get(index)
+            .and_then(|by_version| by_version.get(&spec.version))
             .cloned()
             .ok_or_else(|| Error::Config(format!("no backend for version {}", spec.version)))?;
         let env = WorkerEnv {
@@ -217,7 +219,7 @@ impl Processes {
 
     /// Replaces process `index` by a fresh one of `spec`.
     fn restart(&mut self, index: usize, spec: &WorkerSpec) -> Result<()> {
-        let fresh = self.start(spec)?;
+        let fresh = self.start(index, spec)?;
         self.procs[index] = fresh;
         Ok(())
     }
@@ -307,29 +309,35 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
         RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
     let keys = Keys::namespaced(&namespace);
-    // Faults touch this run only: proxies of its own for Redis, Postgres and each backend.
-    let links = bed.case_links(true).await?;
-    let mut envs = BTreeMap::new();
-    for version in bed.versions() {
-        envs.insert(
-            version.to_owned(),
-            WorkerEnv {
-                worker_id: String::new(),
-                model_version: version.to_owned(),
-                redis_url: links.redis_url().to_owned(),
-                database_url: links.database_url().to_owned(),
-                backend_url: links.backend_url(version).unwrap_or_default(),
-                backend_endpoint: crate::reference::endpoint_name(bed.backend(version)?.name()),
-                key_prefix: keys.prefix().to_owned(),
-                lease_ttl: settings.lease_ttl,
-                visibility_timeout: settings.visibility_timeout,
-                backend_timeout: settings.backend_timeout,
-                defects: settings.defects.clone(),
-            },
-        );
+    // Faults touch this run only, and every round trip is attributed: each worker has proxies
+    // of its own for Redis, Postgres and each backend, which its restarts keep.
+    let mut links = Vec::new();
+    let mut envs = Vec::new();
+    for _ in &settings.workers {
+        let link = WorkerLink::open(bed, true, false).await?;
+        let mut by_version = BTreeMap::new();
+        for (version, backend) in &link.backends {
+            by_version.insert(
+                version.clone(),
+                WorkerEnv {
+                    worker_id: String::new(),
+                    model_version: version.clone(),
+                    redis_url: link.links.redis_url().to_owned(),
+                    database_url: link.links.database_url().to_owned(),
+                    backend_url: backend.url.clone(),
+                    backend_endpoint: backend.name.clone(),
+                    key_prefix: keys.prefix().to_owned(),
+                    lease_ttl: settings.lease_ttl,
+                    visibility_timeout: settings.visibility_timeout,
+                    backend_timeout: settings.backend_timeout,
+                    defects: settings.defects.clone(),
+                },
+            );
+        }
+        envs.push(by_version);
+        links.push(link);
     }
-    let versions: Vec<String> = links.backends.keys().cloned().collect();
-    let workers_infra = Infra::connect(links.redis_url(), links.database_url()).await?;
+    let versions: Vec<String> = bed.versions().into_iter().map(str::to_owned).collect();
     let admin = Infra::connect_harness(&bed.redis_url(), &bed.database_url()).await?;
     let recorder = Recorder::new();
     let mut api = Pipeline::with_infra(
@@ -349,8 +357,8 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
         procs: Vec::new(),
         readers: Vec::new(),
     };
-    for spec in &settings.workers {
-        let proc = processes.start(spec)?;
+    for (index, spec) in settings.workers.iter().enumerate() {
+        let proc = processes.start(index, spec)?;
         processes.procs.push(proc);
     }
     // Slow backends keep attempts in flight long enough for pauses and crashes to land mid-job:
@@ -371,14 +379,18 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
             bed,
             keys.clone(),
             admin.clone(),
-            workers_infra,
-            Some(links),
+            links,
+            BackendFaults::Toxics,
             settings.defects.clone(),
             settings.backend_timeout,
         ),
         workers: processes,
     };
 
+    let mut wire_recorded = true;
+    for (index, spec) in settings.workers.iter().enumerate() {
+        wire_recorded &= plane.services.record(index, &spec.id, &recorder);
+    }
     let mut rng = StdRng::seed_from_u64(settings.seed);
     let mut arrivals = Arrivals::new(
         settings.requests,
@@ -556,6 +568,7 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
     let mut history =
         crate::history::collect(bed, &admin.pg, keys.prefix(), recorder.events(), requests).await?;
     history.lease_ttl_ms = Some(settings.lease_ttl.as_millis() as u64);
+    history.wire_recorded = wire_recorded;
     let outputs = plane.workers.outputs.lock().expect("poisoned").clone();
     Ok(FleetResult {
         case: CaseResult::judge(history, &settings.invariants),

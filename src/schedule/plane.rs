@@ -1,18 +1,20 @@
 //! The fault plane of one case: the operations [`crate::fault::apply`] needs, on the case's real
 //! services and workers. The services side ([`Services`]) is the same for every runner: it expires
-//! leases through the harness's own connection, restarts the Redis container, cuts the case's own
-//! links, switches the active-version pointer, and slows or fails the case's backend calls. The
-//! workers side ([`Workers`]) is each runner's: a worker parked at a checkpoint, a free-running
-//! task, or a process.
+//! leases through the harness's own connection, restarts the Redis container, cuts the links of
+//! the case's workers (each worker has links of its own: [`WorkerLink`]), switches the
+//! active-version pointer, and slows or fails the case's backend calls. The workers side
+//! ([`Workers`]) is each runner's: a worker parked at a checkpoint, a free-running task, or a
+//! process.
 
 use crate::contract::Keys;
 use crate::contract::defect::Defects;
 use crate::contract::log::LogSink;
-use crate::contract::worker::Infra;
+use crate::contract::worker::{BackendEndpoint, Infra};
 use crate::env::backends::{Behaviour, ProgramGuard};
 use crate::env::proxy::{Direction, Toxic};
 use crate::env::{CaseLinks, Target, TestBed};
 use crate::fault::{PartitionTarget, Plane};
+use crate::history::Recorder;
 use crate::reference::cutover::Cutover;
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashSet};
@@ -38,11 +40,60 @@ pub trait Workers: Send {
 }
 
 /// How a case's backend faults are made: per-case programs of the shared wiremock backends (the
-/// calls carry the case's key prefix), or toxics on backend proxies of the case's own.
-#[derive(Debug)]
-enum BackendFaults {
+/// calls carry the case's key prefix), or toxics on the backend proxies of the case's workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendFaults {
+    /// Programs of the backends, per case prefix.
     Programs,
+    /// Toxics on the workers' own backend proxies.
     Toxics,
+}
+
+/// One worker's own links (proxies in front of Redis, Postgres and every backend, recorded when
+/// the wire is) and the connections a worker in process uses through them. Reused from case to
+/// case; a case cuts, slows and records only the links of its own workers.
+#[derive(Debug)]
+pub struct WorkerLink {
+    /// The proxies.
+    pub links: CaseLinks,
+    /// Connections through them (for workers in process).
+    pub infra: Option<Infra>,
+    /// Every version's backend, through this worker's own backend proxy.
+    pub backends: BTreeMap<String, BackendEndpoint>,
+}
+
+impl WorkerLink {
+    /// New links on `bed` (recorded with `record`), and connections through them if `connect`.
+    pub async fn open(bed: &TestBed, record: bool, connect: bool) -> Result<WorkerLink> {
+        let links = bed.links(true, record).await?;
+        let mut backends = BTreeMap::new();
+        for version in bed.versions() {
+            backends.insert(
+                version.to_owned(),
+                BackendEndpoint {
+                    name: crate::reference::endpoint_name(bed.backend(version)?.name()),
+                    url: links.backend_url(version).unwrap_or_default(),
+                },
+            );
+        }
+        let infra = if connect {
+            Some(Infra::connect(links.redis_url(), links.database_url()).await?)
+        } else {
+            None
+        };
+        Ok(WorkerLink {
+            links,
+            infra,
+            backends,
+        })
+    }
+
+    /// The in-process connections (links opened with `connect`).
+    pub fn infra(&self) -> Result<&Infra> {
+        self.infra
+            .as_ref()
+            .ok_or_else(|| Error::other("these links were opened without connections"))
+    }
 }
 
 /// The services side of a case's plane.
@@ -52,10 +103,8 @@ pub struct Services<'b> {
     /// The harness's own connections (through the shared proxies): a case's partition cuts off
     /// its workers, not the harness.
     admin: Infra,
-    /// The connections the case's workers use (woken up after a restart or a heal).
-    workers_infra: Infra,
-    /// The case's own proxies, when it has them.
-    links: Option<CaseLinks>,
+    /// The case's workers' links, in worker order.
+    pub links: Vec<WorkerLink>,
     cut: HashSet<PartitionTarget>,
     backend_faults: BackendFaults,
     programs: BTreeMap<String, ProgramGuard>,
@@ -78,26 +127,21 @@ impl std::fmt::Debug for Services<'_> {
 }
 
 impl<'b> Services<'b> {
-    /// The services of a case under `keys` on `bed`. `links` are the case's own proxies (needed
-    /// for partitions; with backends, backend faults become toxics on them).
+    /// The services of a case under `keys` on `bed`, whose workers use `links` (in worker
+    /// order); backend faults are made the `backend_faults` way.
     pub fn new(
         bed: &'b TestBed,
         keys: Keys,
         admin: Infra,
-        workers_infra: Infra,
-        links: Option<CaseLinks>,
+        links: Vec<WorkerLink>,
+        backend_faults: BackendFaults,
         defects: Defects,
         backend_timeout: Duration,
     ) -> Services<'b> {
-        let backend_faults = match &links {
-            Some(links) if !links.backends.is_empty() => BackendFaults::Toxics,
-            _ => BackendFaults::Programs,
-        };
         Services {
             bed,
             keys,
             admin,
-            workers_infra,
             links,
             cut: HashSet::new(),
             backend_faults,
@@ -109,6 +153,22 @@ impl<'b> Services<'b> {
             requests: Vec::new(),
             redis_restarted: false,
         }
+    }
+
+    /// Records the round trips of worker `index`'s links into `recorder`, attributed to
+    /// `worker`; whether they are recorded.
+    pub fn record(&self, index: usize, worker: &str, recorder: &std::sync::Arc<Recorder>) -> bool {
+        self.links
+            .get(index)
+            .is_some_and(|link| link.links.record(worker, recorder.wire_listener()))
+    }
+
+    /// Stops recording every link of the case and hands the links back (healed), to be reused.
+    pub fn release_links(&mut self) -> Vec<WorkerLink> {
+        for link in &self.links {
+            link.links.stop_recording();
+        }
+        std::mem::take(&mut self.links)
     }
 
     /// The case's key namespace.
@@ -154,7 +214,11 @@ impl<'b> Services<'b> {
     /// first command fails and reconnects. Wait until they answer again, so only the workers'
     /// attempts, never the harness's own bookkeeping, feel the fault.
     pub async fn reconnect(&self) -> Result<()> {
-        for redis in [self.workers_infra.redis.clone(), self.admin.redis.clone()] {
+        let workers = self
+            .links
+            .iter()
+            .filter_map(|link| link.infra.as_ref().map(|infra| infra.redis.clone()));
+        for redis in workers.chain([self.admin.redis.clone()]) {
             crate::env::containers::wait_ready(
                 "redis (case connections)",
                 Duration::from_secs(10),
@@ -168,24 +232,27 @@ impl<'b> Services<'b> {
         Ok(())
     }
 
-    fn link(&self, target: PartitionTarget) -> Result<&crate::env::DedicatedProxy> {
-        let links = self
-            .links
-            .as_ref()
-            .ok_or_else(|| Error::other("a partition needs the case's own proxies (CaseLinks)"))?;
-        Ok(match target {
-            PartitionTarget::Redis => &links.redis,
-            PartitionTarget::Postgres => &links.postgres,
-        })
-    }
-
+    /// Cuts (or heals) the workers' links to `target`. A cut link resets every connection the
+    /// moment its client sends (a `reset_peer` toxic on the client's direction) rather than
+    /// refusing connections: a connection reset ends a worker's query or connection attempt at
+    /// once (a refused connection is retried by client pools until their timeout), and a proxy
+    /// that keeps its listener keeps its port.
     async fn set_link(&mut self, target: PartitionTarget, cut: bool) -> Result<()> {
-        let proxy = self.link(target)?;
+        let reset = Toxic::ResetPeer { timeout_ms: 0 };
+        for link in &self.links {
+            let proxy = match target {
+                PartitionTarget::Redis => &link.links.redis,
+                PartitionTarget::Postgres => &link.links.postgres,
+            };
+            if cut && !self.cut.contains(&target) {
+                proxy.add_toxic(reset, Direction::Upstream, 1.0).await?;
+            } else if !cut && self.cut.contains(&target) {
+                proxy.remove_toxic(&reset.name(Direction::Upstream)).await?;
+            }
+        }
         if cut {
-            proxy.disable().await?;
             self.cut.insert(target);
         } else {
-            proxy.enable().await?;
             self.cut.remove(&target);
             // Only Redis's connection manager needs waking; Postgres's pool opens fresh
             // connections on its own.
@@ -212,8 +279,9 @@ impl<'b> Services<'b> {
                     latency_ms: delay.as_millis() as u32,
                     jitter_ms: 0,
                 };
-                let proxy = self.backend_link(version)?;
-                proxy.add_toxic(toxic, Direction::Downstream, 1.0).await?;
+                for proxy in self.backend_links(version)? {
+                    proxy.add_toxic(toxic, Direction::Downstream, 1.0).await?;
+                }
                 self.toxics
                     .insert(version.to_owned(), toxic.name(Direction::Downstream));
             }
@@ -221,17 +289,23 @@ impl<'b> Services<'b> {
         Ok(())
     }
 
-    fn backend_link(&self, version: &str) -> Result<&crate::env::DedicatedProxy> {
+    fn backend_links(&self, version: &str) -> Result<Vec<&crate::env::DedicatedProxy>> {
         self.links
-            .as_ref()
-            .and_then(|links| links.backends.get(version))
-            .ok_or_else(|| Error::Config(format!("the case has no backend link for {version}")))
+            .iter()
+            .map(|link| {
+                link.links.backends.get(version).ok_or_else(|| {
+                    Error::Config(format!("the case has no backend link for {version}"))
+                })
+            })
+            .collect()
     }
 
     async fn recover_backend(&mut self, version: &str) -> Result<()> {
         self.programs.remove(version);
         if let Some(name) = self.toxics.remove(version) {
-            self.backend_link(version)?.remove_toxic(&name).await?;
+            for proxy in self.backend_links(version)? {
+                proxy.remove_toxic(&name).await?;
+            }
         }
         Ok(())
     }
@@ -287,11 +361,15 @@ impl<'b> Services<'b> {
     /// Undoes every lasting fault: links enabled, toxics removed, backend programs dropped.
     pub async fn heal_all(&mut self) -> Result<()> {
         let was_cut = self.is_cut();
-        if let Some(links) = &self.links {
-            links.redis.enable().await?;
-            links.postgres.enable().await?;
-            for proxy in links.backends.values() {
-                proxy.clear_toxics().await?;
+        for link in &self.links {
+            if was_cut {
+                link.links.redis.clear_toxics().await?;
+                link.links.postgres.clear_toxics().await?;
+            }
+            if !self.toxics.is_empty() {
+                for proxy in link.links.backends.values() {
+                    proxy.clear_toxics().await?;
+                }
             }
         }
         self.toxics.clear();

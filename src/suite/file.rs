@@ -367,6 +367,7 @@ pub fn parse(text: &str, origin: &str) -> Result<LoadedSuite> {
                 invariants,
                 backend_timeout: Duration::from_millis(backend),
                 factory: Arc::new(ReferenceFactory),
+                wire: true,
             },
             space: ScheduleSpace {
                 workers,

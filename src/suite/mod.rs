@@ -5,10 +5,13 @@
 pub mod certify;
 pub mod file;
 
+use crate::check::Invariant;
+use crate::contract::defect::Defect;
 use crate::contract::defect::Defects;
 use crate::fault::FaultKind;
 use crate::schedule::ScheduleSpace;
 use crate::schedule::controlled::CaseSettings;
+use std::collections::BTreeSet;
 
 /// A suite.
 #[derive(Debug, Clone)]
@@ -73,6 +76,87 @@ pub const SHIPPED: [(&str, &str); 8] = [
         include_str!("../../suites/full-rollout.toml"),
     ),
 ];
+
+/// Where a defect of the reference worker is caught, and what it is known to break: the shipped
+/// suite whose faults reach it, and the invariants a counterexample must violate (a check that
+/// a defect is caught asserts these, not just "some violation"). For re-reading the active
+/// version, which mixes versions within a job, the minimal counterexample breaks one of two
+/// invariants depending on where the cutover lands: [`Catching::one_of`].
+pub fn catching(defect: Defect) -> Catching {
+    let (suite, all_of, one_of): (&'static str, &'static [Invariant], &'static [Invariant]) =
+        match defect {
+            Defect::RereadActiveVersion => (
+                "stale-cache-at-cutover",
+                &[],
+                &[
+                    Invariant::ResultNamesItsVersion,
+                    Invariant::NoCrossVersionCacheEntry,
+                ],
+            ),
+            other => {
+                let (suite, all_of) = catching_all(other);
+                (suite, all_of, &[])
+            }
+        };
+    Catching {
+        suite,
+        all_of,
+        one_of,
+    }
+}
+
+/// Where a defect is caught and what its counterexample must break.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Catching {
+    /// The shipped suite that catches it.
+    pub suite: &'static str,
+    /// Invariants every counterexample breaks.
+    pub all_of: &'static [Invariant],
+    /// Invariants of which every counterexample breaks at least one (empty: no such set).
+    pub one_of: &'static [Invariant],
+}
+
+impl Catching {
+    /// What a counterexample that broke `broken` lacks to be caught for the right reason (empty:
+    /// nothing).
+    pub fn missing(&self, broken: &BTreeSet<Invariant>) -> Vec<Invariant> {
+        let mut missing: Vec<Invariant> = self
+            .all_of
+            .iter()
+            .filter(|i| !broken.contains(i))
+            .copied()
+            .collect();
+        if !self.one_of.is_empty() && !self.one_of.iter().any(|i| broken.contains(i)) {
+            missing.extend(self.one_of.iter().copied());
+        }
+        missing
+    }
+}
+
+fn catching_all(defect: Defect) -> (&'static str, &'static [Invariant]) {
+    match defect {
+        Defect::UnversionedCacheKey | Defect::LateCacheInvalidation => {
+            ("stale-cache-at-cutover", &[Invariant::NoStaleCacheRead])
+        }
+        Defect::RereadActiveVersion => ("stale-cache-at-cutover", &[]),
+        Defect::CacheWriteActiveNamespace => (
+            "stale-cache-at-cutover",
+            &[Invariant::NoCrossVersionCacheEntry],
+        ),
+        Defect::AckBeforeFinalWrite => ("worker-crash", &[Invariant::NoLostJob]),
+        Defect::RetryWithoutDedupe => ("retry-overlap", &[Invariant::ComputeWasteBounded]),
+        Defect::LeaseWithoutNx => ("retry-overlap", &[Invariant::LeaseDiscipline]),
+        Defect::RandomIdPerRetry => ("lease-expiry", &[Invariant::AtMostOneFinalWrite]),
+        Defect::UnfencedFinalWrite => (
+            "lease-expiry",
+            &[
+                Invariant::AtMostOneFinalWrite,
+                Invariant::GenerationsIncrease,
+            ],
+        ),
+        Defect::ReleaseWithoutTokenCheck => ("lease-expiry", &[Invariant::LeaseDiscipline]),
+    }
+}
 
 /// The suites racecert ships (parsed from [`SHIPPED`]).
 pub fn shipped() -> Vec<file::LoadedSuite> {

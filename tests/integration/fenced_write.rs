@@ -1,115 +1,128 @@
-//! The fenced final write: compare-and-set on lease token and generation, audited by the trigger.
+//! The fenced final write, through the reference worker's own write path: the seed's race (an
+//! attempt holds its result past its lease, the retry takes over and writes) against the real
+//! database, judged by the audit trail the trigger filled and by the statements on the wire.
 
+use racecert::contract::checkpoint::Checkpoint;
+use racecert::contract::log::Status;
 use racecert::env::TestBed;
-use sqlx::Connection;
+use racecert::env::wire::{PgRequest, Reply, Request};
+use racecert::fault::Fault;
+use racecert::history::EventKind;
+use racecert::schedule::controlled::{CaseSettings, Controller};
+use racecert::schedule::{RequestSpec, Schedule, Step};
 
-crate::tests!(compare_and_set_accepts_the_newer_write_rejects_the_stale_one_and_audits_all);
+crate::tests!(the_late_writer_is_rejected_by_the_fence_and_the_audit_shows_one_final_write);
 
-/// operation, old_status, new_status, old_generation, new_generation
-type AuditRow = (String, Option<String>, String, Option<i64>, i64);
-
-const CAS: &str = "UPDATE inference_jobs
-    SET status = 'SUCCEEDED', generation = $3, model_version = $4, output = $5, completed_at = clock_timestamp()
-    WHERE idempotency_key = $1 AND lease_token = $2 AND generation < $3";
-
-async fn compare_and_set_accepts_the_newer_write_rejects_the_stale_one_and_audits_all(
+async fn the_late_writer_is_rejected_by_the_fence_and_the_audit_shows_one_final_write(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
     let _shared = bed.shared().await;
-    let key = format!("{}:job-1", crate::namespace("cas"));
-    let mut pg = sqlx::PgConnection::connect(&bed.database_url()).await?;
-    sqlx::query(
-        "INSERT INTO inference_jobs (idempotency_key, request_id, job_id) VALUES ($1, 'req-91', 'job-441')
-         ON CONFLICT DO NOTHING",
-    )
-    .bind(&key)
-    .execute(&mut pg)
-    .await?;
-    // Worker takes the job: IN_PROGRESS with its lease token and generation 1.
-    let taken = sqlx::query(
-        "UPDATE inference_jobs SET status = 'IN_PROGRESS', lease_token = $2, generation = 1, attempt = 1
-         WHERE idempotency_key = $1 AND status = 'PENDING'",
-    )
-    .bind(&key)
-    .bind("lease-t")
-    .execute(&mut pg)
-    .await?
-    .rows_affected();
-    anyhow::ensure!(taken == 1, "taking the job updated {taken} rows");
-
-    let write = |generation: i64, version: &'static str| {
-        sqlx::query(CAS)
-            .bind(key.clone())
-            .bind("lease-t")
-            .bind(generation)
-            .bind(version)
-            .bind(racecert::contract::model_output("x", version))
+    let controller = Controller::new(bed, CaseSettings::seed_pair()).await?;
+    // worker-a (v1) holds its result just before the final write; its lease runs out; worker-c
+    // (v2) takes the job over and finishes; then worker-a writes, late.
+    let schedule = Schedule {
+        requests: vec![RequestSpec {
+            request_id: "req-91".into(),
+            input: "input-0".into(),
+        }],
+        steps: vec![
+            Step::Run {
+                worker: 0,
+                to: Checkpoint::BeforeFinalWrite,
+            },
+            Step::Fault(Fault::ExpireLease { request: 0 }),
+            Step::Run {
+                worker: 1,
+                to: Checkpoint::Done,
+            },
+            Step::Run {
+                worker: 0,
+                to: Checkpoint::Done,
+            },
+        ],
     };
-    let newer = write(2, "v2").execute(&mut pg).await?.rows_affected();
-    let stale = write(1, "v1").execute(&mut pg).await?.rows_affected();
-    let replay = write(2, "v1").execute(&mut pg).await?.rows_affected();
+    let result = controller.run(&schedule).await?;
     anyhow::ensure!(
-        newer == 1,
-        "the newer write (generation 2) must be accepted"
+        result.violations.is_empty(),
+        "the fenced worker broke {:?}\n{}",
+        result.violations,
+        result.history.timeline()
     );
-    anyhow::ensure!(
-        stale == 0,
-        "the stale write (generation 1) must be rejected"
-    );
-    anyhow::ensure!(replay == 0, "an equal generation must be rejected too");
-    let wrong_token = sqlx::query(CAS)
-        .bind(&key)
-        .bind("someone-else")
-        .bind(9_i64)
-        .bind("v1")
-        .bind("v1:x")
-        .execute(&mut pg)
-        .await?
-        .rows_affected();
-    anyhow::ensure!(
-        wrong_token == 0,
-        "a write with another lease token must be rejected"
-    );
-
-    let (version, output): (String, String) = sqlx::query_as(
-        "SELECT model_version, output FROM inference_jobs WHERE idempotency_key = $1",
-    )
-    .bind(&key)
-    .fetch_one(&mut pg)
-    .await?;
-    anyhow::ensure!(version == "v2", "stored version {version}, expected v2");
-    anyhow::ensure!(
-        racecert::contract::output_version(&output) == Some("v2"),
-        "stored output {output} was not produced by v2"
-    );
-
-    let audit: Vec<AuditRow> = sqlx::query_as(
-        "SELECT operation, old_status, new_status, old_generation, new_generation
-         FROM inference_jobs_audit WHERE idempotency_key = $1 ORDER BY audit_id",
-    )
-    .bind(&key)
-    .fetch_all(&mut pg)
-    .await?;
+    // The audit trail: inserted, taken by a (1), taken over by c (2), written by c (3); a's late
+    // write left no row because the fence refused it.
+    let trail: Vec<(Option<String>, String, i64, Option<String>)> = result
+        .history
+        .audit
+        .iter()
+        .map(|r| {
+            (
+                r.old_status.clone(),
+                r.new_status.clone(),
+                r.new_generation,
+                r.worker_id.clone(),
+            )
+        })
+        .collect();
     let expected = vec![
-        ("INSERT".to_owned(), None, "PENDING".to_owned(), None, 0),
+        (None, "PENDING".to_owned(), 0, None),
         (
-            "UPDATE".to_owned(),
             Some("PENDING".to_owned()),
             "IN_PROGRESS".to_owned(),
-            Some(0),
             1,
+            Some("worker-a".to_owned()),
         ),
         (
-            "UPDATE".to_owned(),
+            Some("IN_PROGRESS".to_owned()),
+            "IN_PROGRESS".to_owned(),
+            2,
+            Some("worker-c".to_owned()),
+        ),
+        (
             Some("IN_PROGRESS".to_owned()),
             "SUCCEEDED".to_owned(),
-            Some(1),
-            2,
+            3,
+            Some("worker-c".to_owned()),
         ),
     ];
     anyhow::ensure!(
-        audit == expected,
-        "audit trail\n  observed {audit:?}\n  expected {expected:?}"
+        trail == expected,
+        "audit trail\n  observed {trail:?}\n  expected {expected:?}\n{}",
+        result.history.timeline()
+    );
+    let stored = &result.history.jobs[0];
+    anyhow::ensure!(
+        stored.model_version.as_deref() == Some("v2")
+            && stored
+                .output
+                .as_deref()
+                .and_then(racecert::contract::output_version)
+                == Some("v2"),
+        "the stored result must be v2's: {stored:?}"
+    );
+    anyhow::ensure!(
+        result
+            .history
+            .with_status(Status::LateWriteRejected)
+            .filter(|e| e.line().and_then(|l| l.get("worker_id")) == Some("worker-a"))
+            .count()
+            == 1,
+        "worker-a must log its rejected write\n{}",
+        result.history.timeline()
+    );
+    // On the wire: worker-a's final UPDATE reached Postgres and changed nothing.
+    let rejected = result.history.events.iter().any(|e| match &e.kind {
+        EventKind::Wire(wire) if wire.worker == "worker-a" => matches!(
+            (&wire.trip.request, &wire.trip.reply),
+            (Request::Postgres(PgRequest::Batch(batch)), Some(Reply::Postgres(reply)))
+                if batch.statements.iter().any(|s| s.sql.contains("'SUCCEEDED'"))
+                    && reply.rows_affected == Some(0)
+        ),
+        _ => false,
+    });
+    anyhow::ensure!(
+        rejected,
+        "worker-a's fenced UPDATE must show on the wire with 0 rows\n{}",
+        result.history.timeline()
     );
     Ok(())
 }

@@ -24,6 +24,7 @@
 //! HTTP over TLS frames as garbage and goes opaque), Unix sockets (never proxied).
 
 mod conn;
+mod describe;
 mod http;
 mod postgres;
 mod redis;

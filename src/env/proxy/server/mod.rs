@@ -88,6 +88,24 @@ impl ProxyServer {
         format!("http://{}", self.addr)
     }
 
+    /// Attaches `tap` to proxy `name` (None removes it): from now on the tap sees (and may hold)
+    /// every connection of that proxy. This is in process only: the Toxiproxy API has no such
+    /// thing, so a proxy served elsewhere cannot be tapped.
+    pub async fn set_tap(
+        &self,
+        name: &str,
+        tap: Option<std::sync::Arc<dyn noxious::tap::Tap>>,
+    ) -> crate::Result<()> {
+        let mut proxies = self.store.proxies.lock().await;
+        let entry = proxies
+            .get_mut(name)
+            .ok_or_else(|| Error::Proxy(format!("tap proxy {name}: no such proxy")))?;
+        entry
+            .set_tap(tap)
+            .await
+            .map_err(|err| Error::Proxy(format!("tap proxy {name}: {}", err.message)))
+    }
+
     /// Stops the API and every proxy (closing their listeners and connections), and waits for it.
     pub async fn shutdown(mut self) {
         if let Some(shutdown) = self.shutdown.take() {

@@ -11,6 +11,7 @@ use bmrng::error::RequestError;
 use noxious::proxy::{ProxyConfig, ProxyRunner, Runner, Toxics};
 use noxious::signal::{Close, Stop, Stopper};
 use noxious::socket::TcpListener as EngineListener;
+use noxious::tap::Tap;
 use noxious::toxic::{
     StreamDirection, Toxic, ToxicEvent, ToxicEventKind, ToxicEventResult, ToxicKind,
 };
@@ -64,6 +65,8 @@ pub(super) struct ProxyEntry {
     enabled: bool,
     toxics: Vec<Toxic>,
     pub(super) run: Option<EngineRun>,
+    /// What observes (and may hold) the proxy's connections: set in process, never over the API.
+    tap: Option<Arc<dyn Tap>>,
 }
 
 /// One run of the noxious engine. Its listen and upstream addresses are fixed for the run, so
@@ -86,6 +89,7 @@ impl EngineRun {
         listen: SocketAddr,
         upstream: &str,
         toxics: &[Toxic],
+        tap: Option<Arc<dyn Tap>>,
     ) -> Result<EngineRun, ApiError> {
         let config = ProxyConfig {
             name: name.to_owned(),
@@ -105,7 +109,9 @@ impl EngineRun {
         let (closed, closer) = Close::new();
         let proxy = name.to_owned();
         let task = tokio::spawn(async move {
-            if let Err(err) = ProxyRunner::run_proxy(listener, info, receiver, stop, closer).await {
+            if let Err(err) =
+                ProxyRunner::run_proxy_with_tap(listener, info, receiver, stop, closer, tap).await
+            {
                 // The engine gives up on accept errors (e.g. out of file descriptors).
                 error!(proxy = %proxy, %err, "proxy stopped accepting connections");
             }
@@ -166,6 +172,7 @@ impl ProxyEntry {
             enabled: spec.enabled,
             toxics: Vec::new(),
             run: None,
+            tap: None,
         };
         if entry.enabled {
             entry.start().await?;
@@ -180,7 +187,15 @@ impl ProxyEntry {
         }
         // Reap a run that died on its own before binding the port again.
         self.stop().await;
-        match EngineRun::start(&self.name, self.listen, &self.upstream, &self.toxics).await {
+        match EngineRun::start(
+            &self.name,
+            self.listen,
+            &self.upstream,
+            &self.toxics,
+            self.tap.clone(),
+        )
+        .await
+        {
             Ok(run) => {
                 self.run = Some(run);
                 self.enabled = true;
@@ -198,6 +213,18 @@ impl ProxyEntry {
         if let Some(run) = self.run.take() {
             run.stop(&self.name).await;
         }
+    }
+
+    /// Attaches (or removes) the proxy's tap. A running proxy restarts on the same port so the
+    /// tap sees every connection from now on (live ones are closed: their bytes so far were not
+    /// seen, and half a conversation would frame as garbage).
+    pub(super) async fn set_tap(&mut self, tap: Option<Arc<dyn Tap>>) -> Result<(), ApiError> {
+        self.tap = tap;
+        if self.run.is_some() {
+            self.stop().await;
+            self.start().await?;
+        }
+        Ok(())
     }
 
     pub(super) async fn set_enabled(&mut self, enabled: bool) -> Result<(), ApiError> {

@@ -1,0 +1,537 @@
+//! Invariants judged on the wire: what each worker really sent to Redis and to the model backends
+//! (recorded round trips), not what it logged. Lease ownership is replayed from the commands on
+//! lease keys and their replies; cache entries are judged by the version their key names and the
+//! version their value was produced by; backend calls by the requests the backends received.
+//! Every violation carries the round trips that prove it.
+
+use super::{Invariant, Violation};
+use crate::contract::layout::KeyMatcher;
+use crate::contract::log::Status;
+use crate::env::links::WireEvent;
+use crate::env::wire::{RedisReply, Reply, Request, RoundTrip};
+use crate::fault::Effect;
+use crate::history::{Event, EventKind, History, Observation};
+use regex::Regex;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::OnceLock;
+
+/// Who holds a lease, as the wire says.
+#[derive(Debug, Clone)]
+struct Holder {
+    worker: String,
+    token: String,
+    /// When it runs out by itself (real clocks), in the history's milliseconds.
+    expires_at: Option<u64>,
+    /// The round trip that took it.
+    proof: String,
+}
+
+/// A model output in a value: `{version}:{16 hex}` (contract::model_output).
+fn output_versions(value: &str) -> BTreeSet<String> {
+    static OUTPUT: OnceLock<Regex> = OnceLock::new();
+    let output = OUTPUT
+        .get_or_init(|| Regex::new(r"([A-Za-z0-9_.-]+):[0-9a-f]{16}\b").expect("a valid pattern"));
+    output
+        .captures_iter(value)
+        .filter_map(|c| c.get(1).map(|m| m.as_str().to_owned()))
+        .collect()
+}
+
+fn proof(event: &Event, wire: &WireEvent, namespace: Option<&str>) -> String {
+    format!(
+        "step {} wire {} {}: {}",
+        event.step,
+        wire.worker,
+        wire.service,
+        wire.trip.describe(namespace)
+    )
+}
+
+fn redis(trip: &RoundTrip) -> Option<(&crate::env::wire::RedisCommand, Option<&RedisReply>)> {
+    match (&trip.request, &trip.reply) {
+        (Request::Redis(command), Some(Reply::Redis(reply))) => Some((command, Some(reply))),
+        (Request::Redis(command), None) => Some((command, None)),
+        _ => None,
+    }
+}
+
+/// An option of a Redis `SET` (`NX`, `PX`, ...), case-insensitive, with the argument after it.
+fn option<'a>(args: &'a [String], name: &str) -> Option<Option<&'a String>> {
+    args.iter()
+        .position(|a| a.eq_ignore_ascii_case(name))
+        .map(|i| args.get(i + 1))
+}
+
+/// The TTL a `SET` gives, in ms.
+fn set_ttl(args: &[String]) -> Option<u64> {
+    if let Some(Some(ms)) = option(args, "PX") {
+        return ms.parse().ok();
+    }
+    option(args, "EX")
+        .flatten()
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(|s| s * 1000)
+}
+
+fn ok(reply: Option<&RedisReply>) -> bool {
+    matches!(reply, Some(RedisReply::Status(s)) if s.eq_ignore_ascii_case("OK"))
+}
+
+fn positive(reply: Option<&RedisReply>) -> bool {
+    matches!(reply, Some(RedisReply::Int(n)) if *n > 0)
+}
+
+/// The bound version of each worker, as its own lines and starts say (for stale reads).
+fn versions_of_workers(history: &History) -> HashMap<String, String> {
+    let mut versions = HashMap::new();
+    for event in &history.events {
+        match &event.kind {
+            EventKind::Harness(Observation::WorkerStarted { worker, version }) => {
+                versions.insert(worker.clone(), version.clone());
+            }
+            EventKind::Worker(line) => {
+                if let (Some(worker), Some(version)) =
+                    (line.get("worker_id"), line.get("model_version"))
+                    && !line.is(Status::Cutover)
+                {
+                    versions
+                        .entry(worker.to_owned())
+                        .or_insert_with(|| version.to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    versions
+}
+
+/// Lease discipline: a lease is taken only when free (or by its holder), and renewed or released
+/// only by the holder whose token it stores.
+pub(super) fn lease_discipline(history: &History, keys: &KeyMatcher) -> Vec<Violation> {
+    let namespace = history.namespace.as_deref();
+    let mut leases: HashMap<String, Holder> = HashMap::new();
+    let mut violations = Vec::new();
+    for event in &history.events {
+        if history.lease_ttl_ms.is_some() {
+            leases.retain(|_, h| h.expires_at.is_none_or(|at| event.at_ms < at));
+        }
+        let wire = match &event.kind {
+            EventKind::Fault(Effect::LeaseExpired { key, .. }) => {
+                leases.retain(|lease, _| keys.lease_of(lease).as_deref() != Some(key.as_str()));
+                continue;
+            }
+            EventKind::Fault(Effect::RedisRestarted) => {
+                leases.clear();
+                continue;
+            }
+            EventKind::Wire(wire) => wire,
+            _ => continue,
+        };
+        let Some((command, reply)) = redis(&wire.trip) else {
+            continue;
+        };
+        if command.queued {
+            // Its effect is EXEC's, judged there by its keys.
+            continue;
+        }
+        let Some(lease) = command.keys.iter().find(|k| keys.is_lease(k)) else {
+            continue;
+        };
+        let live = leases.get(lease).cloned();
+        let foreign = |token: Option<&String>| {
+            live.as_ref()
+                .filter(|h| token.is_none_or(|t| *t != h.token) && h.worker != wire.worker)
+        };
+        let violation = |observed: String, holder: &Holder| Violation {
+            invariant: Invariant::LeaseDiscipline,
+            observed,
+            evidence: vec![holder.proof.clone(), proof(event, wire, namespace)],
+        };
+        match command.name.as_str() {
+            "SET" if ok(reply) => {
+                let token = command.args.get(1).cloned().unwrap_or_default();
+                // A SET NX that succeeded proves the key was free (expired, deleted, restarted),
+                // whatever this replay believed: only a SET without NX can overwrite.
+                let exclusive = option(&command.args, "NX").is_some();
+                if let Some(holder) = foreign(Some(&token)).filter(|_| !exclusive) {
+                    violations.push(violation(
+                        format!(
+                            "{} overwrote the live lease {lease} of {} (token {}) with its own",
+                            wire.worker, holder.worker, holder.token
+                        ),
+                        holder,
+                    ));
+                }
+                leases.insert(
+                    lease.clone(),
+                    Holder {
+                        worker: wire.worker.clone(),
+                        token,
+                        expires_at: set_ttl(&command.args).map(|ttl| event.at_ms + ttl),
+                        proof: proof(event, wire, namespace),
+                    },
+                );
+            }
+            "DEL" | "UNLINK" | "GETDEL"
+                if positive(reply) || matches!(reply, Some(RedisReply::Bulk { .. })) =>
+            {
+                if let Some(holder) = foreign(None) {
+                    violations.push(violation(
+                        format!(
+                            "{} deleted the live lease {lease} of {} without checking its token",
+                            wire.worker, holder.worker
+                        ),
+                        holder,
+                    ));
+                }
+                leases.remove(lease);
+            }
+            "EXPIRE" | "PEXPIRE" | "PERSIST" | "EXPIREAT" | "PEXPIREAT" if positive(reply) => {
+                if let Some(holder) = foreign(None) {
+                    violations.push(violation(
+                        format!(
+                            "{} extended the live lease {lease} of {}",
+                            wire.worker, holder.worker
+                        ),
+                        holder,
+                    ));
+                }
+            }
+            "EVAL" | "EVALSHA" | "FCALL" if positive(reply) => {
+                // A script that acted on the lease (released or renewed it): right only for the
+                // holder whose token it was given. The first argument after the keys is the token
+                // by the contract's convention; any argument equal to the holder's token counts.
+                let numkeys: usize = command
+                    .args
+                    .get(1)
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(command.keys.len());
+                let rest: Vec<&String> = command.args.iter().skip(2 + numkeys).collect();
+                if let Some(holder) = live
+                    .as_ref()
+                    .filter(|h| h.worker != wire.worker && !rest.iter().any(|arg| **arg == h.token))
+                {
+                    violations.push(violation(
+                        format!(
+                            "{} ran a script on the live lease {lease} of {} (token {}) with another token",
+                            wire.worker, holder.worker, holder.token
+                        ),
+                        holder,
+                    ));
+                }
+                leases.remove(lease);
+            }
+            _ => {}
+        }
+    }
+    violations
+}
+
+/// No entry in one model version's cache namespace holds an output another version produced:
+/// judged when it is written.
+pub(super) fn no_cross_version_cache_entry(history: &History, keys: &KeyMatcher) -> Vec<Violation> {
+    let namespace = history.namespace.as_deref();
+    let mut violations = Vec::new();
+    for event in &history.events {
+        let EventKind::Wire(wire) = &event.kind else {
+            continue;
+        };
+        let Some((command, reply)) = redis(&wire.trip) else {
+            continue;
+        };
+        let value = match command.name.as_str() {
+            "SET" | "SETNX" | "GETSET" => command.args.get(1),
+            "SETEX" | "PSETEX" => command.args.get(2),
+            _ => None,
+        };
+        let (Some(key), Some(value)) = (command.keys.first(), value) else {
+            continue;
+        };
+        let written = command.queued
+            || ok(reply)
+            || positive(reply)
+            || matches!(reply, Some(RedisReply::Bulk { .. } | RedisReply::Nil) if command.name == "GETSET");
+        let Some(version) = keys.cache_version(key) else {
+            continue;
+        };
+        if !written {
+            continue;
+        }
+        let produced = output_versions(value);
+        if let Some(other) = produced.iter().find(|v| **v != version) {
+            violations.push(Violation {
+                invariant: Invariant::NoCrossVersionCacheEntry,
+                observed: format!(
+                    "{} wrote an output of {other} into {version}'s cache namespace ({key})",
+                    wire.worker
+                ),
+                evidence: vec![proof(event, wire, namespace)],
+            });
+        }
+    }
+    violations
+}
+
+/// No attempt is served a cached output of another model version: every cache read on the wire
+/// whose answer was produced by a version other than the reader's.
+pub(super) fn no_stale_cache_read(history: &History, keys: &KeyMatcher) -> Vec<Violation> {
+    let namespace = history.namespace.as_deref();
+    let versions = versions_of_workers(history);
+    let mut violations = Vec::new();
+    for event in &history.events {
+        let EventKind::Wire(wire) = &event.kind else {
+            continue;
+        };
+        let Some((command, Some(RedisReply::Bulk { text, .. }))) = redis(&wire.trip) else {
+            continue;
+        };
+        if !matches!(command.name.as_str(), "GET" | "GETEX" | "GETDEL") {
+            continue;
+        }
+        let Some(key) = command.keys.first() else {
+            continue;
+        };
+        // A cache read: in the cache's layout, or (an unversioned cache) any key holding an
+        // output that is not a lease.
+        if keys.is_lease(key) {
+            continue;
+        }
+        let Some(reader) = versions.get(&wire.worker) else {
+            continue;
+        };
+        let served = output_versions(text);
+        let in_cache = keys.cache_version(key).is_some() || !served.is_empty();
+        if let (true, Some(other)) = (in_cache, served.iter().find(|v| *v != reader)) {
+            violations.push(Violation {
+                invariant: Invariant::NoStaleCacheRead,
+                observed: format!(
+                    "{} running as {reader} read a {other} output from cache key {key}",
+                    wire.worker
+                ),
+                evidence: vec![proof(event, wire, namespace)],
+            });
+        }
+    }
+    violations
+}
+
+/// No backend call for a job while another worker holds a valid lease on it and the caller never
+/// held one: execution without dedupe, judged from the lease commands and the backend calls on
+/// the wire.
+pub(super) fn compute_waste_bounded(history: &History, keys: &KeyMatcher) -> Vec<Violation> {
+    let namespace = history.namespace.as_deref();
+    let mut leases: HashMap<String, Holder> = HashMap::new();
+    // (worker, job key) pairs where the worker took the lease at some point.
+    let mut held: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut violations = Vec::new();
+    for event in &history.events {
+        if history.lease_ttl_ms.is_some() {
+            leases.retain(|_, h| h.expires_at.is_none_or(|at| event.at_ms < at));
+        }
+        let wire = match &event.kind {
+            EventKind::Fault(Effect::LeaseExpired { key, .. }) => {
+                leases.retain(|lease, _| keys.lease_of(lease).as_deref() != Some(key.as_str()));
+                continue;
+            }
+            EventKind::Fault(Effect::RedisRestarted) => {
+                leases.clear();
+                continue;
+            }
+            EventKind::Wire(wire) => wire,
+            _ => continue,
+        };
+        match (&wire.trip.request, &wire.trip.reply) {
+            (Request::Redis(command), reply) => {
+                let reply = match reply {
+                    Some(Reply::Redis(r)) => Some(r),
+                    _ => None,
+                };
+                let Some(lease) = command.keys.iter().find(|k| keys.is_lease(k)) else {
+                    continue;
+                };
+                let Some(job) = keys.lease_of(lease) else {
+                    continue;
+                };
+                match command.name.as_str() {
+                    "SET" if ok(reply) => {
+                        held.insert((wire.worker.clone(), job.clone()));
+                        leases.insert(
+                            job,
+                            Holder {
+                                worker: wire.worker.clone(),
+                                token: command.args.get(1).cloned().unwrap_or_default(),
+                                expires_at: set_ttl(&command.args).map(|ttl| event.at_ms + ttl),
+                                proof: proof(event, wire, namespace),
+                            },
+                        );
+                    }
+                    "DEL" | "UNLINK" | "GETDEL" | "EVAL" | "EVALSHA" | "FCALL"
+                        if positive(reply) || matches!(reply, Some(RedisReply::Bulk { .. })) =>
+                    {
+                        leases.remove(&job);
+                    }
+                    _ => {}
+                }
+            }
+            (Request::Http(http), _) if wire.service.starts_with("backend:") => {
+                let call: Option<crate::contract::InferRequest> =
+                    serde_json::from_str(&http.body).ok();
+                let Some(job) = call.map(|c| c.idempotency_key).filter(|k| !k.is_empty()) else {
+                    continue;
+                };
+                if held.contains(&(wire.worker.clone(), job.clone())) {
+                    continue;
+                }
+                if let Some(holder) = leases.get(&job).filter(|h| h.worker != wire.worker) {
+                    violations.push(Violation {
+                        invariant: Invariant::ComputeWasteBounded,
+                        observed: format!(
+                            "{} called the backend for {job} without ever holding its lease, while {} held it",
+                            wire.worker, holder.worker
+                        ),
+                        evidence: vec![holder.proof.clone(), proof(event, wire, namespace)],
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    violations
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::layout::KeyLayout;
+    use crate::env::wire::RedisCommand;
+
+    fn redis_trip(
+        worker: &str,
+        name: &str,
+        args: &[&str],
+        keys: &[&str],
+        reply: RedisReply,
+    ) -> EventKind {
+        EventKind::Wire(Box::new(WireEvent {
+            worker: worker.into(),
+            service: "redis".into(),
+            trip: RoundTrip {
+                link: "l".into(),
+                conn: 1,
+                seq: 0,
+                sent_us: 0,
+                forwarded_us: Some(0),
+                answered_us: Some(1),
+                request: Request::Redis(RedisCommand {
+                    name: name.into(),
+                    args: args.iter().map(|a| (*a).to_owned()).collect(),
+                    argc: args.len(),
+                    keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+                    queued: false,
+                    truncated: false,
+                }),
+                reply: Some(Reply::Redis(reply)),
+            },
+        }))
+    }
+
+    fn history(kinds: Vec<EventKind>) -> History {
+        History {
+            events: kinds
+                .into_iter()
+                .enumerate()
+                .map(|(i, kind)| Event {
+                    step: i,
+                    at_ms: i as u64,
+                    kind,
+                })
+                .collect(),
+            wire_recorded: true,
+            namespace: Some("c:".into()),
+            layout: KeyLayout::contract("c:"),
+            ..History::default()
+        }
+    }
+
+    #[test]
+    fn a_foreign_release_and_a_lease_stomp_break_lease_discipline_a_fenced_release_does_not() {
+        let lease = "c:inference:lock:c:idem-1";
+        let matcher = KeyLayout::contract("c:").matcher();
+        let ok = || RedisReply::Status("OK".into());
+        let taken = |w: &str, t: &str| {
+            redis_trip(w, "SET", &[lease, t, "NX", "PX", "60000"], &[lease], ok())
+        };
+        let expired = EventKind::Fault(Effect::LeaseExpired {
+            key: "c:idem-1".into(),
+            held: true,
+        });
+        // a takes, its lease expires, c takes; a releases with a token check (no effect): fine.
+        let fenced = history(vec![
+            taken("a", "ta"),
+            expired.clone(),
+            taken("c", "tc"),
+            redis_trip(
+                "a",
+                "EVALSHA",
+                &["sha", "1", lease, "ta"],
+                &[lease],
+                RedisReply::Int(0),
+            ),
+        ]);
+        assert!(lease_discipline(&fenced, &matcher).is_empty());
+        // The same, released with a plain DEL: a deletes c's live lease.
+        let plain = history(vec![
+            taken("a", "ta"),
+            expired,
+            taken("c", "tc"),
+            redis_trip("a", "DEL", &[lease], &[lease], RedisReply::Int(1)),
+        ]);
+        let found = lease_discipline(&plain, &matcher);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].observed.contains("a deleted the live lease"),
+            "{}",
+            found[0].observed
+        );
+        assert_eq!(found[0].evidence.len(), 2);
+        // A SET without NX over a live lease stomps it.
+        let stomp = history(vec![
+            taken("a", "ta"),
+            redis_trip("c", "SET", &[lease, "tc", "PX", "60000"], &[lease], ok()),
+        ]);
+        assert_eq!(lease_discipline(&stomp, &matcher).len(), 1);
+    }
+
+    #[test]
+    fn cache_entries_and_reads_are_judged_by_the_versions_they_name() {
+        let matcher = KeyLayout::contract("c:").matcher();
+        let v1 = crate::contract::model_output("x", "v1");
+        let cross = history(vec![redis_trip(
+            "a",
+            "SETEX",
+            &["c:inf:v2:abc", "3600", &v1],
+            &["c:inf:v2:abc"],
+            RedisReply::Status("OK".into()),
+        )]);
+        assert_eq!(no_cross_version_cache_entry(&cross, &matcher).len(), 1);
+        let mut stale = history(vec![
+            EventKind::Harness(Observation::WorkerStarted {
+                worker: "c".into(),
+                version: "v2".into(),
+            }),
+            redis_trip(
+                "c",
+                "GET",
+                &["c:inf:abc"],
+                &["c:inf:abc"],
+                RedisReply::Bulk {
+                    len: v1.len(),
+                    text: v1.clone(),
+                },
+            ),
+        ]);
+        assert_eq!(no_stale_cache_read(&stale, &matcher).len(), 1);
+        stale.events.truncate(1);
+        assert!(no_stale_cache_read(&stale, &matcher).is_empty());
+    }
+}

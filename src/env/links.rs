@@ -1,0 +1,168 @@
+//! Links of one case or one worker: proxies of its own in front of Redis, Postgres and each
+//! backend, so the faults it receives (partitions, toxics) touch nothing else and, when recorded,
+//! every round trip through them is attributed to it. A link set is reused from case to case; a
+//! [`WireRoute`] says whose round trips it carries right now.
+
+use crate::env::proxy::{FaultProxy, Proxy};
+use crate::env::wire::{RoundTrip, Sink};
+use serde::{Deserialize, Serialize};
+use std::sync::{Arc, RwLock};
+
+/// A proxy made for one case, deleted when dropped.
+#[derive(Debug)]
+pub struct DedicatedProxy {
+    pub(crate) proxy: Proxy,
+    pub(crate) api: FaultProxy,
+}
+
+impl std::ops::Deref for DedicatedProxy {
+    type Target = Proxy;
+    fn deref(&self) -> &Proxy {
+        &self.proxy
+    }
+}
+
+impl Drop for DedicatedProxy {
+    fn drop(&mut self) {
+        // Drop cannot await: delete on the runtime if there is one (the proxy goes away right
+        // after), else on a runtime of its own before returning.
+        let api = self.api.clone();
+        let name = self.proxy.name().to_owned();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let _ = api.delete(&name).await;
+                });
+            }
+            Err(_) => {
+                if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    let _ = rt.block_on(api.delete(&name));
+                }
+            }
+        }
+    }
+}
+
+/// Links of one case: proxies of its own in front of Redis, Postgres and (optionally) every
+/// backend, so the faults it injects (partitions, toxics) touch no other case. Dropping it
+/// deletes the proxies.
+#[derive(Debug)]
+pub struct CaseLinks {
+    /// The case's proxy in front of Redis.
+    pub redis: DedicatedProxy,
+    /// The case's proxy in front of Postgres.
+    pub postgres: DedicatedProxy,
+    /// The case's proxy in front of each version's backend (empty unless asked for).
+    pub backends: std::collections::BTreeMap<String, DedicatedProxy>,
+    pub(crate) redis_url: String,
+    pub(crate) database_url: String,
+    /// Where recorded round trips go (None: not recorded).
+    pub(crate) route: Option<Arc<WireRoute>>,
+}
+
+impl CaseLinks {
+    /// Sends the round trips through these links to `listener`, attributed to `worker`, until
+    /// [`CaseLinks::stop_recording`]; false if the links are not recorded.
+    pub fn record(&self, worker: &str, listener: WireListener) -> bool {
+        match &self.route {
+            Some(route) => {
+                *route.current.write().expect("poisoned") = Some((worker.to_owned(), listener));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stops delivering round trips (they are dropped until the next [`CaseLinks::record`]).
+    pub fn stop_recording(&self) {
+        if let Some(route) = &self.route {
+            *route.current.write().expect("poisoned") = None;
+        }
+    }
+
+    /// Whether the links are recorded.
+    pub fn is_recorded(&self) -> bool {
+        self.route.is_some()
+    }
+
+    /// Redis URL through the case's proxy.
+    pub fn redis_url(&self) -> &str {
+        &self.redis_url
+    }
+
+    /// Postgres URL through the case's proxy.
+    pub fn database_url(&self) -> &str {
+        &self.database_url
+    }
+
+    /// Base URL of `version`'s backend through the case's proxy, if the links include backends.
+    pub fn backend_url(&self, version: &str) -> Option<String> {
+        self.backends
+            .get(version)
+            .map(|proxy| format!("http://{}", proxy.listen()))
+    }
+}
+
+/// One round trip, attributed: which worker sent it, to which service.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WireEvent {
+    /// The worker whose links carried it.
+    pub worker: String,
+    /// `redis`, `postgres`, or `backend:{version}`.
+    pub service: String,
+    /// The round trip.
+    pub trip: RoundTrip,
+}
+
+/// Receives a link set's round trips (a run's recorder).
+pub type WireListener = Arc<dyn Fn(WireEvent) + Send + Sync>;
+
+/// Where a link set's round trips go now: a link set serves one worker of one case at a time.
+#[derive(Default)]
+pub struct WireRoute {
+    current: RwLock<Option<(String, WireListener)>>,
+}
+
+impl std::fmt::Debug for WireRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let worker = self
+            .current
+            .read()
+            .ok()
+            .and_then(|c| c.as_ref().map(|(w, _)| w.clone()));
+        f.debug_struct("WireRoute")
+            .field("worker", &worker)
+            .finish()
+    }
+}
+
+impl WireRoute {
+    /// The tap sink of one service of the link set.
+    pub(crate) fn sink(self: &Arc<Self>, service: String) -> Arc<dyn Sink> {
+        Arc::new(RouteSink {
+            route: Arc::clone(self),
+            service,
+        })
+    }
+}
+
+struct RouteSink {
+    route: Arc<WireRoute>,
+    service: String,
+}
+
+impl Sink for RouteSink {
+    fn round_trip(&self, trip: RoundTrip) {
+        let current = self.route.current.read().expect("poisoned");
+        if let Some((worker, listener)) = current.as_ref() {
+            listener(WireEvent {
+                worker: worker.clone(),
+                service: self.service.clone(),
+                trip,
+            });
+        }
+    }
+}
