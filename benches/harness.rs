@@ -1,6 +1,9 @@
 //! Harness benchmark: how fast controlled cases run against the real containers, how soon
 //! exploration finds each defect, and how a hand-written stress test does with the same time.
 //!
+//! Why one file of ~1,000 lines: the benchmark's sections share the bed, the suites and the
+//! printing helpers, and run in one sitting so their numbers compare.
+//!
 //! `cargo bench --bench harness`. It prints numbers and asserts nothing:
 //! 1. controlled cases per second of the reference worker on `lease-expiry` and `full-rollout`;
 //! 2. per defect, cases and seconds until the first failing case (`found_after`, measured before
@@ -421,6 +424,183 @@ fn explore_throughput(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
             ));
         }
         println!("{line}");
+    }
+    Ok(())
+}
+
+/// Cases per second with every worker's round trips recorded (the default) and without: what the
+/// wire witness costs. Runs alternate on and off, three times each, in one sitting.
+fn wire_cost(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
+    println!(
+        "\n## 1c. Recording round trips on and off ({THROUGHPUT_CASES} cases, seed 0, concurrency {DEFAULT_CONCURRENCY}, 3 runs each, alternating)"
+    );
+    for name in [
+        "lease-expiry",
+        "retry-overlap",
+        "full-rollout",
+        "stale-cache-at-cutover",
+    ] {
+        let mut rates: BTreeMap<bool, Vec<f64>> = BTreeMap::new();
+        for _ in 0..3 {
+            for wire in [true, false] {
+                let mut suite = suite(name)?;
+                suite.settings.wire = wire;
+                let controller = rt.block_on(Controller::new(bed, suite.settings.clone()))?;
+                let config = ExploreConfig {
+                    cases: THROUGHPUT_CASES,
+                    seed: 0,
+                    concurrency: DEFAULT_CONCURRENCY,
+                    ..ExploreConfig::default()
+                };
+                let report = explore(rt.handle(), &controller, &suite.space, &config)?;
+                if let Some(found) = &report.counterexample {
+                    println!(
+                        "{name}: UNEXPECTED failure (wire {wire}): {}",
+                        invariant_names(&found.result.violations)
+                    );
+                }
+                rates
+                    .entry(wire)
+                    .or_default()
+                    .push(f64::from(report.cases_run) / report.elapsed.as_secs_f64());
+            }
+        }
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let (on, off) = (mean(&rates[&true]), mean(&rates[&false]));
+        let show = |v: &[f64]| {
+            v.iter()
+                .map(|r| format!("{r:.1}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        println!(
+            "{name:<24} on: {on:>6.1} cases/s ({})  off: {off:>6.1} cases/s ({})  on/off {:.0}%",
+            show(&rates[&true]),
+            show(&rates[&false]),
+            100.0 * on / off
+        );
+    }
+    Ok(())
+}
+
+/// The wire-only defects as processes: `racecert worker` with each defect switched on, and the
+/// Python example with the flag that plants the same bug, certified as a fleet (up to
+/// [`FLEET_ROUNDS`] runs) on seeds 1..=10; then the safe ones, run after run. What is printed: the
+/// seeds that caught the bug, the run that caught it, and the invariants broken.
+fn fleet_detection(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
+    use racecert::suite::certify::certify_external;
+    const FLEET_ROUNDS: u32 = 4;
+    const FLEET_SEEDS: u64 = 10;
+    let reference = env!("CARGO_BIN_EXE_racecert");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let venv =
+        racecert::env::python::Venv::ensure(&root.join("examples/python-worker/requirements.txt"))?;
+    let python = format!(
+        "{} {}",
+        venv.python().display(),
+        root.join("examples/python-worker/worker.py").display()
+    );
+    println!(
+        "\n## 1d. Wire-only defects as processes (seeds 1..={FLEET_SEEDS}, up to {FLEET_ROUNDS} fleet runs a seed)"
+    );
+    let cases: Vec<(String, String, Defects, &str)> = vec![
+        (
+            "racecert worker".into(),
+            format!("{reference} worker"),
+            Defects::of([Defect::ReleaseWithoutTokenCheck]),
+            "lease-discipline",
+        ),
+        (
+            "racecert worker".into(),
+            format!("{reference} worker"),
+            Defects::of([Defect::LeaseWithoutNx]),
+            "lease-discipline",
+        ),
+        (
+            "racecert worker".into(),
+            format!("{reference} worker"),
+            Defects::of([Defect::CacheWriteActiveNamespace]),
+            "no-cross-version-cache-entry",
+        ),
+        (
+            "worker.py --release-without-check".into(),
+            format!("{python} --release-without-check"),
+            Defects::none(),
+            "lease-discipline",
+        ),
+        (
+            "worker.py --lease-without-nx".into(),
+            format!("{python} --lease-without-nx"),
+            Defects::none(),
+            "lease-discipline",
+        ),
+        (
+            "worker.py --cache-active-namespace".into(),
+            format!("{python} --cache-active-namespace"),
+            Defects::none(),
+            "no-cross-version-cache-entry",
+        ),
+    ];
+    for (label, command, defects, invariant) in cases {
+        let started = Instant::now();
+        let mut caught = Vec::new();
+        let mut runs = Vec::new();
+        for seed in 1..=FLEET_SEEDS {
+            let outcome = rt.block_on(certify_external(
+                bed,
+                &command,
+                FLEET_ROUNDS,
+                seed,
+                &defects,
+                |_| {},
+            ))?;
+            let broken: Vec<String> = outcome
+                .counterexample
+                .iter()
+                .flat_map(|c| c.violations.iter().map(|v| v.invariant.clone()))
+                .collect();
+            if broken.iter().any(|b| b == invariant) {
+                caught.push(seed);
+                runs.push(outcome.cases_run);
+            }
+        }
+        let defect = defects
+            .iter()
+            .next()
+            .map_or(String::new(), |d| format!(" {d}"));
+        println!(
+            "{label:<36}{defect} -> {invariant}: caught on {}/{FLEET_SEEDS} seeds, in run {:?}, {:.0} s",
+            caught.len(),
+            runs,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    for (label, command) in [
+        ("racecert worker (safe)", format!("{reference} worker")),
+        ("worker.py (safe)", python.clone()),
+    ] {
+        let started = Instant::now();
+        let mut held = 0;
+        let mut broke = Vec::new();
+        for seed in 1..=20 {
+            let outcome = rt.block_on(certify_external(
+                bed,
+                &command,
+                1,
+                seed,
+                &Defects::none(),
+                |_| {},
+            ))?;
+            if outcome.held {
+                held += 1;
+            } else {
+                broke.push(seed);
+            }
+        }
+        println!(
+            "{label:<36} passed {held}/20 runs in a row (failed seeds {broke:?}), {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
     }
     Ok(())
 }
@@ -1010,11 +1190,19 @@ fn baseline(rt: &Runtime, bed: &TestBed, detections: &[Detection]) -> anyhow::Re
 
 // ---------------------------------------------------------------------------------------------
 
-/// `cargo bench --bench harness -- throughput` runs sections 1 and 1b only.
+/// `cargo bench --bench harness -- throughput` runs sections 1 and 1b only; `-- wire` section 1c
+/// only; `-- fleet` section 1d only (worker processes; minutes).
 fn run(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
+    if std::env::args().skip(1).any(|arg| arg == "wire") {
+        return wire_cost(rt, bed);
+    }
+    if std::env::args().skip(1).any(|arg| arg == "fleet") {
+        return fleet_detection(rt, bed);
+    }
     let only_throughput = std::env::args().skip(1).any(|arg| arg == "throughput");
     throughput(rt, bed)?;
     explore_throughput(rt, bed)?;
+    wire_cost(rt, bed)?;
     if only_throughput {
         return Ok(());
     }

@@ -6,31 +6,75 @@
 //! caches. Workers run against **real** Redis and PostgreSQL in containers, every connection goes
 //! through a Toxiproxy fault proxy, and each model version is a wiremock backend.
 //!
-//! ## Map of the modules
+//! ## Map of the modules, bottom layer first
+//! No module imports a layer above it (the `layering` test below checks it).
 //! - [`contract`]: what every worker under test agrees to: schema (jobs table + audit trigger),
-//!   Redis key names, job state machine, log lines, backend API, and the [`contract::worker`]
-//!   trait a team implements to plug its own worker in.
-//! - [`env`](mod@env): the test bed: images built offline, containers, external services, the
-//!   Toxiproxy-API fault proxy and its client, the wiremock model backends, the container reaper.
-//! - [`reference`](mod@reference): the seed's pipeline done right (submit, queue, worker, cutover), with a switch
-//!   per root cause ([`reference::defects`]) and checkpoints a harness can hold.
-//! - [`fault`]: the fault vocabulary.
-//! - [`schedule`]: schedules, the deterministic controlled runner, the chaos runner, proptest
-//!   exploration with shrinking.
-//! - [`history`]: what happened: worker events, the audit trail, the backend journals.
-//! - [`check`]: the invariants, each with a report.
-//! - [`suite`]: suite files and the certify runner.
+//!   Redis key names ([`contract::layout`]), job statuses and log lines ([`contract::log`]),
+//!   checkpoints, deliveries, defects, and the [`contract::worker`] trait a team implements.
+//! - [`fault`]: the fault vocabulary and the one place faults are applied ([`fault::apply`]).
+//! - [`env`](mod@env): the test bed: images built offline, containers, the fault proxy (Toxiproxy's
+//!   API on the vendored noxious engine), the wiremock model backends, per-worker links whose round
+//!   trips are framed on the wire ([`env::wire`], [`env::links`]), Python environments, the reaper.
+//! - [`reference`](mod@reference): the seed's pipeline done right (submit, queue, worker,
+//!   cutover), one implementation of the contract, with a switch per root cause.
+//! - [`history`]: what happened, in real order: the one [`history::Recorder`] every runner uses,
+//!   the audit trail, the backend journals, the wire events.
+//! - [`check`]: the invariants, each with the evidence that proves a violation; fault coverage.
+//! - [`schedule`]: runners that produce a history: controlled (deterministic, at checkpoints),
+//!   chaos (free-running, in process), fleet (worker processes); proptest exploration with
+//!   shrinking; schedule files.
 //! - [`report`]: terminal, JSON, JUnit XML and HTML/SVG reports.
-//! - [`replay`]: incident logs -> reconstruction, diagnosis, a schedule that replays the race.
-//! - [`smoke`]: the smoke scenario behind `racecert smoke`.
-//! - [`error`]: the library error type.
+//! - [`suite`]: suite files and the certify runner.
+//! - [`replay`]: incident logs -> story, diagnoses with their lines, schedules that reproduce them.
+//! - [`smoke`]: the smoke scenario behind `racecert smoke`; [`error`], [`interrupt`]: the error
+//!   type and Ctrl-C / SIGTERM handling.
 //!
-//! ## The test bed in one example
+//! ## Where to find it, in one hop
+//! | looking for | here |
+//! |---|---|
+//! | a fault (what a schedule can inject) | [`fault::Fault`], its kinds [`fault::FaultKind`] |
+//! | an invariant (what must hold) | [`check::Invariant`], judged by [`check::check`] |
+//! | a checkpoint (where the controller can hold a worker) | [`contract::checkpoint::Checkpoint`] |
+//! | a root cause planted in the reference worker | [`contract::defect::Defect`] |
+//! | a suite (workers, faults, budget, invariants) | [`suite::Suite`], files in [`suite::file`] |
+//! | a runner | [`schedule::controlled::Controller`], [`schedule::explore::explore`], [`schedule::chaos::run_chaos`], [`schedule::fleet::run_fleet`] |
+//! | a schedule and its file | [`schedule::Schedule`], [`schedule::file::ScheduleFile`] |
+//! | the recorded history | [`history::History`] |
+//! | plugging in a worker | [`contract::worker::WorkerUnderTest`], [`contract::worker::WorkerFactory`] |
+//!
+//! ## Certifying a worker
+//! `examples/custom_worker.rs` certifies a team's worker written against the contract
+//! (`cargo run --example custom_worker`, and `-- --unfenced` to see a counterexample). With the
+//! reference worker, a shipped suite is certified like this:
+//! ```no_run
+//! use racecert::env::TestBed;
+//! use racecert::schedule::controlled::Controller;
+//! use racecert::schedule::explore::{ExploreConfig, explore};
+//!
+//! # fn demo() -> anyhow::Result<()> {
+//! let runtime = tokio::runtime::Runtime::new()?;
+//! let bed = runtime.block_on(TestBed::builder().start())?; // builds images on first use
+//! let suite = racecert::suite::builtin()
+//!     .into_iter()
+//!     .find(|s| s.name == "lease-expiry")
+//!     .expect("a shipped suite");
+//! // suite.settings.factory = Arc::new(YourFactory); // your WorkerUnderTest instead
+//! let controller = runtime.block_on(Controller::new(&bed, suite.settings.clone()))?;
+//! let config = ExploreConfig { cases: 64, seed: 1, ..ExploreConfig::default() };
+//! let report = explore(runtime.handle(), &controller, &suite.space, &config)?;
+//! if let Some(found) = &report.counterexample {
+//!     println!("{}", racecert::report::counterexample_text(found, 1, "cargo test"));
+//! }
+//! runtime.block_on(bed.shutdown());
+//! # Ok(()) }
+//! ```
+//!
+//! ## The test bed and a fault
 //! ```no_run
 //! use racecert::env::{TestBed, proxy::{Direction, Toxic}};
 //!
 //! # async fn demo() -> racecert::Result<()> {
-//! let bed = TestBed::builder().start().await?;          // builds images on first use
+//! let bed = TestBed::builder().start().await?;
 //! let backend = bed.backend_proxy("v1")?;                 // model-backend-A behind its proxy
 //! backend
 //!     .add_toxic(Toxic::Latency { latency_ms: 300, jitter_ms: 0 }, Direction::Downstream, 1.0)

@@ -3,6 +3,9 @@
 //! turns SIGINT and SIGTERM into a clean stop: the run ends at the next case or fault step, the
 //! containers and worker processes go, a partial report marked as interrupted is written, and the
 //! exit code is 130 or 143. A second signal exits at once (the next start reaps what is left).
+//!
+//! Why one file of ~850 lines: the clap definitions of every command and their argument checks,
+//! each a few lines of wiring; rendering lives in `racecert::report`, logic in the library.
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};

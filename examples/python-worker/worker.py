@@ -6,6 +6,9 @@ cache -> backend call -> cache write -> fenced final write -> XACK -> compare-an
 
     python worker.py              # the safe flow
     python worker.py --unfenced   # the seed's bug: a plain, unfenced final write
+    python worker.py --release-without-check   # lease released with a plain DEL
+    python worker.py --lease-without-nx        # lease taken with SET PX, without NX
+    python worker.py --cache-active-namespace  # result cached under the version live now
 
 Configuration comes only from the RACECERT_* environment variables. Log lines (logfmt) go to
 stdout; the worker's own start/stop notes go to stderr. SIGTERM (or SIGINT) drains: no new job
@@ -138,8 +141,8 @@ class Config:
     def active_version_key(self) -> str:
         return f"{self.key_prefix}inference:active_model_version"
 
-    def cache_key(self, normalized_input: str) -> str:
-        v = self.model_version
+    def cache_key(self, normalized_input: str, version: str | None = None) -> str:
+        v = version or self.model_version
         digest = hashlib.sha256(f"{normalized_input}:{v}".encode("utf-8")).hexdigest()
         return f"{self.key_prefix}inf:{v}:{digest}"
 
@@ -203,10 +206,21 @@ class Delivery:
     receive_count: int
 
 
+@dataclass(frozen=True)
+class Bugs:
+    """Mistakes a team plausibly makes, switched on by flags, for demonstrations."""
+
+    unfenced: bool = False  # final write without the fence (the seed's bug)
+    release_without_check: bool = False  # DEL the lease, not compare-and-delete
+    lease_without_nx: bool = False  # SET the lease without NX: always "acquired"
+    cache_active_namespace: bool = False  # cache under the version live when writing
+
+
 class Worker:
-    def __init__(self, config: Config, unfenced: bool) -> None:
+    def __init__(self, config: Config, bugs: Bugs) -> None:
         self.config = config
-        self.unfenced = unfenced
+        self.bugs = bugs
+        self.unfenced = bugs.unfenced
         self.stopping = False  # SIGTERM received: drain.
         self.declined = False  # Declined a job of another version: drain.
         self.lease_seq = 0
@@ -346,7 +360,8 @@ class Worker:
             # Lease.
             candidate = f"{c.worker_id}:{self.lease_seq}"
             self.lease_seq += 1
-            if not self.redis.set(lease_key, candidate, nx=True, px=c.lease_ttl_ms):
+            nx = not self.bugs.lease_without_nx
+            if not self.redis.set(lease_key, candidate, nx=nx, px=c.lease_ttl_ms):
                 self.log("INFO", a, "duplicate_skipped")
                 return
             token = candidate
@@ -381,7 +396,11 @@ class Worker:
                     self.log("WARN", a, "upstream_failed", error=str(err))
                     self.release(lease_key, token, a)
                     return
-                self.redis.setex(a.cache_key, CACHE_TTL_S, output)
+                write_key = a.cache_key
+                if self.bugs.cache_active_namespace:
+                    live = self.redis.get(c.active_version_key())
+                    write_key = c.cache_key(job_input, live)
+                self.redis.setex(write_key, CACHE_TTL_S, output)
                 self.log("INFO", a, "cache_written")
 
             # Final write, then ack after commit, then release.
@@ -489,7 +508,10 @@ class Worker:
         self.log("INFO", a, "acked")
 
     def release(self, lease_key: str, token: str, a: Attempt) -> None:
-        deleted = self.release_script(keys=[lease_key], args=[token])
+        if self.bugs.release_without_check:
+            deleted = self.redis.delete(lease_key)
+        else:
+            deleted = self.release_script(keys=[lease_key], args=[token])
         self.log("INFO", a, "lease_released" if int(deleted) == 1 else "lease_lost")
 
     # -- the loop -----------------------------------------------------------------------------
@@ -527,13 +549,24 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="A racecert worker written to the contract.")
     parser.add_argument("--unfenced", action="store_true",
                         help="final write without the fence (the seed's bug, for demonstration)")
+    parser.add_argument("--release-without-check", action="store_true",
+                        help="release the lease with a plain DEL (for demonstration)")
+    parser.add_argument("--lease-without-nx", action="store_true",
+                        help="take the lease with SET PX, without NX (for demonstration)")
+    parser.add_argument("--cache-active-namespace", action="store_true",
+                        help="cache under the version live at write time (for demonstration)")
     args = parser.parse_args(argv)
     try:
         config = Config.from_env(dict(os.environ))
     except ConfigError as err:
         print(f"worker.py: {err}", file=sys.stderr)
         return 2
-    worker = Worker(config, args.unfenced)
+    worker = Worker(config, Bugs(
+        unfenced=args.unfenced,
+        release_without_check=args.release_without_check,
+        lease_without_nx=args.lease_without_nx,
+        cache_active_namespace=args.cache_active_namespace,
+    ))
 
     def drain(signum: int, _frame: object) -> None:
         worker.stopping = True

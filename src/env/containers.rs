@@ -2,6 +2,9 @@
 //! the fault-proxy container. Readiness comes from wait conditions (a log line, then a real query),
 //! and every container carries the reaper's ownership labels.
 //!
+//! Why one file of ~870 lines: about 65 lines are tests; the rest is one container life cycle
+//! (image, network mode, wait, labels) shared by Redis, Postgres and the proxy container.
+//!
 //! Networking ([`Network`]): by default the services run on the host network, bound to 127.0.0.1
 //! on free ports, so a round trip skips Docker's userland proxy (docker-proxy roughly halves a
 //! single client's round trip) and still never leaves loopback. Where host networking is not

@@ -2,6 +2,9 @@
 //! registry, so racecert builds Redis, PostgreSQL and its fault-proxy image from `docker/` itself,
 //! on first use or with `racecert images build`.
 //!
+//! Why one file of ~780 lines: one build pipeline (base image by debootstrap, rootfs fallback,
+//! Dockerfiles, tags, staleness); about 30 lines are tests.
+//!
 //! Base image: `debian:bookworm-slim` when it is present or can be pulled; otherwise a minimal
 //! bookworm rootfs made with debootstrap from the Debian mirror the host's apt uses, imported with
 //! `docker import`. If `apt-get` inside `docker build` cannot reach the mirror, the packages are

@@ -2,6 +2,10 @@
 //! testcontainers, or existing services in external mode), a Toxiproxy proxy in front of every
 //! connection a worker makes, and one wiremock model backend per model version.
 //!
+//! Why one file of ~900 lines: the TestBed's start, restart, links and shutdown keep one set of
+//! invariants (which proxy points where after a restart); the parts with their own concerns are
+//! already submodules (containers, images, proxy, backends, wire, links).
+//!
 //! One test bed serves all cases of a suite. Cases are isolated by fresh key namespaces
 //! ([`crate::contract::Keys::namespaced`]) and, when they inject network faults, by proxies of their
 //! own ([`TestBed::dedicated_proxy`]); containers are never restarted between cases (a restart is a
@@ -769,6 +773,12 @@ impl TestBed {
             backends: proxies,
             route,
         })
+    }
+
+    /// Whether workers' round trips can be recorded: only racecert's own proxy engine (embedded)
+    /// frames them; a proxy container or an external Toxiproxy passes bytes unseen.
+    pub fn records_wire(&self) -> bool {
+        self.proxy_server.is_some()
     }
 
     /// Shared access for a case: many at once, none during an exclusive section.

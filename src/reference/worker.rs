@@ -1,5 +1,8 @@
 //! The reference worker: the seed's safe flow (`processInferenceJob`), one delivery at a time.
 //!
+//! Why one file of ~900 lines: it is the seed's `processInferenceJob` as one readable flow, each
+//! defect switch next to the step it changes; splitting the flow would hide the order of steps.
+//!
 //! Per job: acquire the lease (skip as a duplicate if held) -> move the job to IN_PROGRESS with
 //! the lease token and a new, strictly larger generation (fencing) -> version-aware cache key ->
 //! on a hit, mark succeeded if still owner -> else call its backend through the proxy, cache the

@@ -1,6 +1,9 @@
 //! Diagnosis: the seed's root causes named from a reconstruction, each with the line numbers that
 //! prove it and one sentence saying what happened. Every cause has a stable kebab-case name
 //! ([`Cause::name`]) and says what it needs from the log ([`Cause::needs`]).
+//!
+//! Why one file of ~1,000 lines: one function per root cause, all reading the same
+//! reconstruction with the same helpers; a cause is found by its name here, and each is short.
 
 use super::story::{Attempt, Event, Reconstruction, RequestStory};
 use crate::contract::log::Status;

@@ -1,5 +1,8 @@
 //! Diagnosis of the seed's log and of incident logs written as teams write them
 //! (`tests/fixtures/incidents`), each with its exact lines, and the plans that re-create them.
+//!
+//! Why one file of ~750 lines: one test per incident fixture and diagnosis, each short, read as
+//! the catalogue of what replay must find.
 
 use super::reproduce::{Broken, defects_for, run_log};
 use super::*;

@@ -2,6 +2,10 @@
 //! for sharded runs), JUnit XML for CI systems, and an HTML page with an SVG sequence diagram of
 //! every counterexample (lanes: API, queue, each worker with its version, Redis, Postgres, each
 //! backend), faults and violating writes marked.
+//!
+//! Why one file of ~800 lines: one report model and its four renderings (terminal, JSON, JUnit,
+//! HTML), kept together so a field added to the model is rendered everywhere; the SVG diagram is
+//! its own submodule.
 
 mod svg;
 
@@ -126,6 +130,10 @@ pub struct SuiteOutcome {
     pub coverage: Vec<CoverageRow>,
     /// Fault kinds enabled that never reached their target path.
     pub not_covered: Vec<String>,
+    /// Invariants the suite asks for that could not be judged: the wire-only ones when the
+    /// workers' round trips were not recorded (a proxy that is not racecert's, or recording off).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_judged: Vec<String>,
     /// The counterexample, if an invariant broke.
     pub counterexample: Option<CounterexampleReport>,
     /// A harness error that stopped the suite (never a verdict).
@@ -170,6 +178,7 @@ impl SuiteOutcome {
             expect_pass,
             coverage,
             not_covered,
+            not_judged: Vec::new(),
             counterexample: report
                 .counterexample
                 .as_ref()
@@ -573,6 +582,13 @@ impl Report {
             );
             if !suite.not_covered.is_empty() {
                 let _ = writeln!(out, "    not covered: {}", suite.not_covered.join(", "));
+            }
+            if !suite.not_judged.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "    not judged (round trips not recorded): {}",
+                    suite.not_judged.join(", ")
+                );
             }
             if let Some(error) = &suite.error {
                 let _ = writeln!(out, "    harness error: {error}");

@@ -9,7 +9,7 @@
 use crate::check::Invariant;
 use crate::contract::Keys;
 use crate::contract::defect::Defects;
-use crate::contract::log::{Echo, parse::parse_line};
+use crate::contract::log::{Echo, Status, parse::parse_line};
 use crate::contract::worker::Infra;
 use crate::env::TestBed;
 use crate::fault::{Fault, FaultKind, PartitionTarget, apply};
@@ -98,8 +98,11 @@ impl FleetSettings {
             ],
             // The visibility timeout is shorter than the backend timeout on purpose: that is the
             // seed's "visibility timeout shorter than real inference time", the fault that lets a
-            // paused attempt come back and finish its call after its job was redelivered.
-            lease_ttl: Duration::from_millis(1200),
+            // paused attempt come back and finish its call after its job was redelivered. Runs
+            // alternate the lease TTL around it: shorter (the redelivery finds the lease expired
+            // and takes the job over) and longer (the redelivery meets a live lease, which a
+            // worker must respect: skip the duplicate, never overwrite the lease).
+            lease_ttl: Duration::from_millis(if seed % 2 == 0 { 1200 } else { 2600 }),
             visibility_timeout: Duration::from_millis(1500),
             backend_timeout: Duration::from_millis(3000),
         }
@@ -131,6 +134,15 @@ impl Drop for Proc {
     }
 }
 
+/// When a paused worker wakes, relative to the attempt that took its job over.
+#[derive(Debug, Clone, Copy)]
+enum Takeover {
+    /// As soon as the other attempt calls its backend (it holds the lease now).
+    Started,
+    /// Once the other attempt acked the job.
+    Finished,
+}
+
 /// The fleet's processes: started from the command, one process group each.
 struct Processes {
     command: String,
@@ -143,6 +155,8 @@ struct Processes {
     procs: Vec<Proc>,
     /// The output readers: each ends when its process's pipe closes.
     readers: Vec<tokio::task::JoinHandle<()>>,
+    /// Draws when a paused worker wakes (seeded with the run).
+    wake: StdRng,
 }
 
 impl Processes {
@@ -224,6 +238,42 @@ impl Processes {
         Ok(())
     }
 
+    /// The request the worker's latest log line is about, if any.
+    fn current_request(&self, index: usize) -> Option<String> {
+        let id = self.procs[index].spec.id.as_str();
+        self.recorder
+            .events()
+            .iter()
+            .rev()
+            .find_map(|event| match &event.kind {
+                EventKind::Worker(line) if line.get("worker_id") == Some(id) => {
+                    line.get("request_id").map(str::to_owned)
+                }
+                _ => None,
+            })
+    }
+
+    /// Whether another worker has taken over `request` (a mid-job line) or finished it (acked).
+    fn taken_over(&self, index: usize, request: &str, at: Takeover) -> bool {
+        let id = self.procs[index].spec.id.as_str();
+        self.recorder
+            .events()
+            .iter()
+            .rev()
+            .any(|event| match &event.kind {
+                EventKind::Worker(line)
+                    if line.get("request_id") == Some(request)
+                        && line.get("worker_id") != Some(id) =>
+                {
+                    line.status_word().is_some_and(|status| match at {
+                        Takeover::Started => status == Status::InferenceStarted,
+                        Takeover::Finished => status == Status::Acked,
+                    })
+                }
+                _ => false,
+            })
+    }
+
     /// The index of a worker whose latest log line says it holds a job (taken, not released).
     fn mid_job(&self) -> Option<usize> {
         let events = self.recorder.events();
@@ -260,10 +310,28 @@ impl Workers for Processes {
     }
 
     async fn pause(&mut self, worker: usize, pause: Duration) -> Result<bool> {
-        let proc = &self.procs[worker % self.procs.len()];
-        signal(proc, Signal::SIGSTOP);
-        tokio::time::sleep(pause).await;
-        signal(proc, Signal::SIGCONT);
+        let index = worker % self.procs.len();
+        let request = self.current_request(index);
+        // Where the paused attempt wakes decides which race it can show: while another worker
+        // holds its redelivered job (two holders at once: an unchecked release or lease write
+        // hits the other's lease), or after that attempt finished (a late writer over a
+        // finished job). Either way, no later than `pause`.
+        let wake_at = if self.wake.random_bool(0.5) {
+            Takeover::Started
+        } else {
+            Takeover::Finished
+        };
+        signal(&self.procs[index], Signal::SIGSTOP);
+        let deadline = Instant::now() + pause;
+        while Instant::now() < deadline {
+            if let Some(request) = &request
+                && self.taken_over(index, request, wake_at)
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        signal(&self.procs[index], Signal::SIGCONT);
         Ok(true)
     }
 }
@@ -356,6 +424,7 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
         starts: 0,
         procs: Vec::new(),
         readers: Vec::new(),
+        wake: StdRng::seed_from_u64(settings.seed ^ 0x7761_6b65),
     };
     for (index, spec) in settings.workers.iter().enumerate() {
         let proc = processes.start(index, spec)?;
@@ -458,12 +527,21 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                // Long enough for the redelivery and another worker's whole attempt, short
-                // enough that the paused call has not timed out when it wakes up.
-                let pause = (settings.visibility_timeout + Duration::from_millis(800)).min(
-                    settings
-                        .backend_timeout
-                        .saturating_sub(Duration::from_millis(500)),
+                // Past the visibility timeout (its job is redelivered), and short enough that
+                // the paused call has not timed out when it wakes up. Drawn across the other
+                // worker's attempt: waking after it ended makes a late writer over a finished
+                // job; waking while it runs makes two holders of one job at once (a release or
+                // a lease write that is not checked then hits the other holder's lease).
+                let from = settings.visibility_timeout + Duration::from_millis(100);
+                let to = (settings.visibility_timeout + Duration::from_millis(800))
+                    .min(
+                        settings
+                            .backend_timeout
+                            .saturating_sub(Duration::from_millis(500)),
+                    )
+                    .max(from);
+                let pause = Duration::from_millis(
+                    rng.random_range(from.as_millis() as u64..=to.as_millis() as u64),
                 );
                 vec![(
                     Fault::PauseWorker {

@@ -101,6 +101,15 @@ pub fn schedule_file_name(suite: &str, defects: &Defects) -> String {
     name + ".json"
 }
 
+/// The invariants of `invariants` that need recorded round trips, when there are none.
+fn not_judged(invariants: &[crate::check::Invariant], recorded: bool) -> Vec<String> {
+    invariants
+        .iter()
+        .filter(|i| !recorded && i.needs_wire())
+        .map(|i| i.name().to_owned())
+        .collect()
+}
+
 /// Runs `suites` (already sharded) and returns the report. `progress(suite, cases_done)` is
 /// called after every case.
 pub fn certify(
@@ -160,6 +169,10 @@ pub fn certify(
                     &explored,
                     replay_command(loaded, seed, case, &options.defects),
                 );
+                outcome.not_judged = not_judged(
+                    &suite.settings.invariants,
+                    bed.records_wire() && suite.settings.wire,
+                );
                 if let (Some(dir), Some(found), Some(report)) = (
                     &options.schedules,
                     &explored.counterexample,
@@ -189,6 +202,7 @@ pub fn certify(
                 expect_pass: loaded.expect_pass,
                 coverage: Vec::new(),
                 not_covered: Vec::new(),
+                not_judged: Vec::new(),
                 counterexample: None,
                 error: Some(err.to_string()),
                 worker_outputs: Default::default(),
@@ -279,6 +293,7 @@ pub async fn certify_external(
             .map(|r| r.fault.clone())
             .collect(),
         coverage: coverage_rows,
+        not_judged: not_judged(&settings.invariants, bed.records_wire()),
         counterexample,
         error: None,
         worker_outputs: result.outputs,

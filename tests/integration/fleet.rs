@@ -9,14 +9,20 @@ use racecert::suite::certify::certify_external;
 crate::tests!(
     the_reference_worker_process_passes_and_its_unfenced_defect_is_caught,
     the_python_example_worker_passes_and_its_unfenced_variant_is_caught,
+    the_python_examples_lease_and_cache_bugs_are_caught_on_the_wire,
 );
 
+/// The Python tests count leftover `worker.py` processes by name: they run one at a time so
+/// one test's live fleet is never taken for another's leftovers.
+static PYTHON_FLEETS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn broken(outcome: &SuiteOutcome) -> Vec<String> {
-    outcome
+    let names: std::collections::BTreeSet<String> = outcome
         .counterexample
         .iter()
         .flat_map(|c| c.violations.iter().map(|v| v.invariant.clone()))
-        .collect()
+        .collect();
+    names.into_iter().collect()
 }
 
 /// No worker process of this command may outlive its run.
@@ -91,6 +97,7 @@ async fn the_reference_worker_process_passes_and_its_unfenced_defect_is_caught(
 async fn the_python_example_worker_passes_and_its_unfenced_variant_is_caught(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
+    let _one_fleet = PYTHON_FLEETS.lock().await;
     let _shared = bed.shared().await;
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -110,6 +117,50 @@ async fn the_python_example_worker_passes_and_its_unfenced_variant_is_caught(
         Defects::none(),
     )
     .await?;
+    let left = leftovers(script)?;
+    anyhow::ensure!(
+        left.is_empty(),
+        "python workers outlived their runs: {left:?}"
+    );
+    Ok(())
+}
+
+/// Bugs a worker's log cannot show (it still says `lease_acquired`, `lease_released`,
+/// `cache_written`), caught from what it sent to Redis: each flag of the Python example against
+/// the invariant it breaks.
+async fn the_python_examples_lease_and_cache_bugs_are_caught_on_the_wire(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let _one_fleet = PYTHON_FLEETS.lock().await;
+    let _shared = bed.shared().await;
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/python-worker/worker.py"
+    );
+    let requirements = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/python-worker/requirements.txt");
+    let venv =
+        tokio::task::spawn_blocking(move || racecert::env::python::Venv::ensure(&requirements))
+            .await??;
+    for (flag, invariant) in [
+        ("--release-without-check", "lease-discipline"),
+        ("--lease-without-nx", "lease-discipline"),
+        ("--cache-active-namespace", "no-cross-version-cache-entry"),
+    ] {
+        let command = format!("{} {script} {flag}", venv.python().display());
+        let outcome = certify_external(bed, &command, 4, 1, &Defects::none(), |_| {}).await?;
+        let invariants = broken(&outcome);
+        anyhow::ensure!(
+            invariants.iter().any(|i| i == invariant),
+            "{flag} must break {invariant}, broke {invariants:?} in {} run(s)",
+            outcome.cases_run
+        );
+        eprintln!(
+            "    {flag:<26} caught in run {}: {}",
+            outcome.cases_run,
+            invariants.join(", ")
+        );
+    }
     let left = leftovers(script)?;
     anyhow::ensure!(
         left.is_empty(),

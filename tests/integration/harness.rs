@@ -230,6 +230,7 @@ async fn run_suite_with(
 }
 
 async fn the_reference_worker_passes_every_suite(bed: &TestBed) -> anyhow::Result<()> {
+    let mut unreached = Vec::new();
     for suite in builtin() {
         let _guard = if suite.is_exclusive() {
             (None, Some(bed.exclusive().await))
@@ -261,7 +262,19 @@ async fn the_reference_worker_passes_every_suite(bed: &TestBed) -> anyhow::Resul
             report.elapsed,
             landed.join(", ")
         );
+        // Every fault kind the suite lists must have landed on its target path in some case:
+        // a fault that never reaches what it is for certifies nothing.
+        for kind in &suite.space.faults {
+            let (applied, hit) = report.coverage.faults.get(kind).copied().unwrap_or((0, 0));
+            if hit == 0 {
+                unreached.push(format!("{}: {kind} landed 0 of {applied}", suite.name));
+            }
+        }
     }
+    anyhow::ensure!(
+        unreached.is_empty(),
+        "fault kinds that never reached their target path: {unreached:?}"
+    );
     Ok(())
 }
 

@@ -8,6 +8,9 @@
 //!   `Restoring N unacknowledged message(s)`, `celery@host ready.`, task-logger lines), with its
 //!   start banner and tracebacks skipped;
 //!
+//! Why one file of ~1,000 lines: one reader per line shape (logfmt, JSON, Celery's formats) and the
+//! field-spelling table they share; a line is tried against each in turn, in one place.
+//!
 //! each optionally behind a `docker compose logs` (`NAME | `) or `kubectl logs --prefix`
 //! (`[pod/NAME/CONTAINER] `) prefix, which names the worker when the line does not.
 //!

@@ -4,6 +4,9 @@
 //! with the connection's prepared statements remembered, so an Execute of a statement parsed
 //! long before still carries its SQL.
 //!
+//! Why one file of ~900 lines: both directions of the v3 protocol share the connection's state
+//! (prepared statements, the open batch, transaction status); its tests are in `tests.rs`.
+//!
 //! Message bodies are decoded by `pgwire`'s codecs. Messages are first cut out by their length
 //! header (the only hand-written framing: a type byte and a length), so a codec only ever sees
 //! one whole message; its decoders assume well-formed bodies and may panic on garbage, which is

@@ -1,6 +1,10 @@
 //! Redis framing: RESP2 and RESP3 (after `HELLO 3`), arrays and inline commands, pipelines,
 //! MULTI/EXEC, scripts and functions with their keys, pub/sub (pushes are not round trips).
 //!
+//! Why one file of ~1,100 lines: framing, the transaction/pipeline state and the reply summary
+//! share one per-connection state machine; split, each part would expose its internals to the
+//! others. Its tests are in `tests.rs`.
+//!
 //! Frames are decoded by the `redis-protocol` crate (with its `index-map` feature, so a map's
 //! order is stable; it is the reverse of the wire order, which the summary restores). Two cases go to [`Walker`], a small
 //! streaming walker over the same grammar that keeps only a summary: a frame still incomplete

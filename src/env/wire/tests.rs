@@ -1,6 +1,9 @@
 //! Framer tests on byte fixtures: each protocol's round trips, every fixture also split at every
 //! byte offset (the result must not change), holds at request boundaries, and fuzzing (garbage
 //! never panics; the RESP walker agrees with the crate's decoder).
+//!
+//! Why one file of ~1,300 lines: the framing tests of all three protocols share the harness that
+//! opens a tapped connection pair; each test is short.
 
 use super::conn::{Connection, Ev, Framer};
 use super::redis::{RedisFramer, Walker};
