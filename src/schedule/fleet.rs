@@ -102,7 +102,7 @@ impl FleetSettings {
             // alternate the lease TTL around it: shorter (the redelivery finds the lease expired
             // and takes the job over) and longer (the redelivery meets a live lease, which a
             // worker must respect: skip the duplicate, never overwrite the lease).
-            lease_ttl: Duration::from_millis(if seed % 2 == 0 { 1200 } else { 2600 }),
+            lease_ttl: Duration::from_millis(if seed.is_multiple_of(2) { 1200 } else { 2600 }),
             visibility_timeout: Duration::from_millis(1500),
             backend_timeout: Duration::from_millis(3000),
         }
