@@ -541,19 +541,27 @@ fn fleet_detection(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
             "no-cross-version-cache-entry",
         ),
     ];
+    // `-- fleet WORD`: only the rows whose label holds WORD.
+    let only = std::env::args().skip_while(|a| a != "fleet").nth(1);
+    let wanted = |label: &str| only.as_deref().is_none_or(|w| label.contains(w));
     for (label, command, defects, invariant) in cases {
+        if !wanted(&label) {
+            continue;
+        }
         let started = Instant::now();
         let mut caught = Vec::new();
         let mut runs = Vec::new();
+        let mut errors = Vec::new();
         for seed in 1..=FLEET_SEEDS {
-            let outcome = rt.block_on(certify_external(
-                bed,
-                &command,
-                FLEET_ROUNDS,
-                seed,
-                &defects,
-                |_| {},
-            ))?;
+            let run = certify_external(bed, &command, FLEET_ROUNDS, seed, &defects, |_| {});
+            let outcome = match rt.block_on(run) {
+                Ok(outcome) => outcome,
+                Err(err) => {
+                    // A harness error is no verdict: counted and shown, never a catch.
+                    errors.push(format!("seed {seed}: {err}"));
+                    continue;
+                }
+            };
             let broken: Vec<String> = outcome
                 .counterexample
                 .iter()
@@ -568,8 +576,13 @@ fn fleet_detection(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
             .iter()
             .next()
             .map_or(String::new(), |d| format!(" {d}"));
+        let errors = if errors.is_empty() {
+            String::new()
+        } else {
+            format!("; harness errors: {errors:?}")
+        };
         println!(
-            "{label:<36}{defect} -> {invariant}: caught on {}/{FLEET_SEEDS} seeds, in run {:?}, {:.0} s",
+            "{label:<36}{defect} -> {invariant}: caught on {}/{FLEET_SEEDS} seeds, in run {:?}, {:.0} s{errors}",
             caught.len(),
             runs,
             started.elapsed().as_secs_f64()
@@ -579,26 +592,23 @@ fn fleet_detection(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
         ("racecert worker (safe)", format!("{reference} worker")),
         ("worker.py (safe)", python.clone()),
     ] {
+        if !wanted(label) {
+            continue;
+        }
         let started = Instant::now();
         let mut held = 0;
         let mut broke = Vec::new();
+        let safe = Defects::none();
         for seed in 1..=20 {
-            let outcome = rt.block_on(certify_external(
-                bed,
-                &command,
-                1,
-                seed,
-                &Defects::none(),
-                |_| {},
-            ))?;
-            if outcome.held {
-                held += 1;
-            } else {
-                broke.push(seed);
+            let run = certify_external(bed, &command, 1, seed, &safe, |_| {});
+            match rt.block_on(run) {
+                Ok(outcome) if outcome.held => held += 1,
+                Ok(_) => broke.push(format!("seed {seed}")),
+                Err(err) => broke.push(format!("seed {seed}: harness error {err}")),
             }
         }
         println!(
-            "{label:<36} passed {held}/20 runs in a row (failed seeds {broke:?}), {:.0} s",
+            "{label:<36} passed {held}/20 runs in a row (not passed: {broke:?}), {:.0} s",
             started.elapsed().as_secs_f64()
         );
     }
@@ -1191,13 +1201,16 @@ fn baseline(rt: &Runtime, bed: &TestBed, detections: &[Detection]) -> anyhow::Re
 // ---------------------------------------------------------------------------------------------
 
 /// `cargo bench --bench harness -- throughput` runs sections 1 and 1b only; `-- wire` section 1c
-/// only; `-- fleet` section 1d only (worker processes; minutes).
+/// only; `-- fleet` section 1d only (worker processes; minutes); `-- detection` section 2 only.
 fn run(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
     if std::env::args().skip(1).any(|arg| arg == "wire") {
         return wire_cost(rt, bed);
     }
     if std::env::args().skip(1).any(|arg| arg == "fleet") {
         return fleet_detection(rt, bed);
+    }
+    if std::env::args().skip(1).any(|arg| arg == "detection") {
+        return detection(rt, bed).map(drop);
     }
     let only_throughput = std::env::args().skip(1).any(|arg| arg == "throughput");
     throughput(rt, bed)?;
