@@ -68,6 +68,20 @@ SET status = 'SUCCEEDED', output = %(output)s, model_version = %(version)s,
 WHERE idempotency_key = %(key)s
 """
 
+# --read-then-write: the final transition as a read, then a write in a second statement; the
+# check is right when it runs and may be stale when the write lands (a time-of-check bug).
+READ_THEN_WRITE = False
+CHECK_OWNER_SQL = """
+SELECT status, lease_token FROM inference_jobs WHERE idempotency_key = %(key)s
+"""
+CHECKED_WRITE_SQL = """
+UPDATE inference_jobs
+SET status = 'SUCCEEDED', output = %(output)s, model_version = %(version)s,
+    generation = %(next_generation)s,
+    updated_at = clock_timestamp(), completed_at = clock_timestamp()
+WHERE idempotency_key = %(key)s
+"""
+
 
 class ConfigError(Exception):
     pass
@@ -449,6 +463,8 @@ class Worker:
 
     def fenced_write(self, a: Attempt, key: str, token: str, next_generation: int,
                      output: str, from_cache: bool) -> bool:
+        if READ_THEN_WRITE:
+            return self.checked_write(a, key, token, next_generation, output, from_cache)
         written = self.db().execute(FENCED_WRITE_SQL, {
             "key": key, "token": token, "next_generation": next_generation,
             "output": output, "version": self.config.model_version,
@@ -460,6 +476,21 @@ class Worker:
         self.log("WARN", a, "late_write_rejected")
         self.log("INFO", a, "discarded_late_result")
         return False
+
+    def checked_write(self, a: Attempt, key: str, token: str, next_generation: int,
+                      output: str, from_cache: bool) -> bool:
+        """--read-then-write: read the row, check it is still ours, then write it unfenced."""
+        params = {"key": key, "token": token, "next_generation": next_generation,
+                  "output": output, "version": self.config.model_version}
+        row = self.db().execute(CHECK_OWNER_SQL, params).fetchone()
+        if row is None or row[0] != "IN_PROGRESS" or row[1] != token:
+            self.log("WARN", a, "late_write_rejected")
+            self.log("INFO", a, "discarded_late_result")
+            return False
+        self.db().execute(CHECKED_WRITE_SQL, params)
+        self.log("INFO", a, "inference_succeeded", write="result_store",
+                 generation=next_generation, from_cache=str(from_cache).lower())
+        return True
 
     def unfenced_write(self, a: Attempt, key: str, token: str, next_generation: int,
                        output: str, from_cache: bool) -> None:
@@ -527,7 +558,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="A racecert worker written to the contract.")
     parser.add_argument("--unfenced", action="store_true",
                         help="final write without the fence (the seed's bug, for demonstration)")
+    parser.add_argument("--read-then-write", action="store_true",
+                        help="final write as a read, then an unfenced write (a check-then-act race)")
     args = parser.parse_args(argv)
+    global READ_THEN_WRITE
+    READ_THEN_WRITE = args.read_then_write
     try:
         config = Config.from_env(dict(os.environ))
     except ConfigError as err:
