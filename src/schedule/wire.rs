@@ -365,6 +365,9 @@ struct GateState {
     done: HashMap<(String, u64, u64), RoundTrip>,
     /// When the worker last completed a counted round trip.
     progress: Option<Instant>,
+    /// Per-case names replaced in fingerprints (a case's idempotency keys by `{req#i}`), so a
+    /// case's fingerprints are the same whichever run it is.
+    aliases: Vec<(String, String)>,
 }
 
 /// One worker's holder: holds its effectful requests until the scheduler releases them.
@@ -391,6 +394,34 @@ impl Gate {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
         self.state.lock().expect("poisoned")
+    }
+
+    fn print_with(&self, aliases: &[(String, String)], request: &Request) -> String {
+        let mut print = request.fingerprint(Some(&self.namespace)).0;
+        for (name, alias) in aliases {
+            print = print.replace(name.as_str(), alias);
+        }
+        print
+    }
+
+    /// A request's fingerprint in this case.
+    fn print(&self, request: &Request) -> String {
+        let aliases = self.lock().aliases.clone();
+        self.print_with(&aliases, request)
+    }
+
+    /// Forgets the last case: finished trips, progress, timeouts; `aliases` name this one's.
+    fn begin(&self, aliases: Vec<(String, String)>) {
+        let mut state = self.lock();
+        state.done.clear();
+        state.progress = None;
+        state.aliases = aliases;
+        self.timeouts.lock().expect("poisoned").clear();
+    }
+
+    /// Holds again (between cases).
+    fn close(&self) {
+        self.lock().open = false;
     }
 
     fn trip(&self, event: &WireEvent) {
@@ -506,7 +537,7 @@ impl Holder for Gate {
         let (tx, rx) = oneshot::channel();
         let fingerprint = requests
             .iter()
-            .map(|r| r.fingerprint(Some(&self.namespace)).0)
+            .map(|r| self.print_with(&state.aliases, r))
             .collect::<Vec<_>>()
             .join(" + ");
         state.held.push_back(Held {
@@ -557,8 +588,16 @@ enum Stuck {
     Idle,
 }
 
+/// Worker processes behind their gates, kept from case to case (a process costs its interpreter's
+/// start; a case costs a few milliseconds of set-up): each case submits requests of its own,
+/// judges only what concerns them, and leaves every worker held before its next queue poll.
 struct Case<'b> {
     settings: WireSettings,
+    api: crate::reference::submit::Api,
+    /// Cases begun on these processes.
+    cases: u64,
+    /// Where this case's events start in the recorder.
+    events_from: usize,
     plane: CasePlane<'b, Processes>,
     gates: Vec<Arc<Gate>>,
     recorder: Arc<Recorder>,
@@ -576,11 +615,7 @@ struct Case<'b> {
 static CASES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl<'b> Case<'b> {
-    async fn open(
-        bed: &'b TestBed,
-        settings: &WireSettings,
-        requests: &[RequestSpec],
-    ) -> Result<Case<'b>> {
+    async fn open(bed: &'b TestBed, settings: &WireSettings) -> Result<Case<'b>> {
         if settings.workers.is_empty() || settings.command.trim().is_empty() {
             return Err(Error::Config(
                 "a wire schedule needs a worker command and workers".into(),
@@ -639,7 +674,7 @@ impl<'b> Case<'b> {
             gates.push(gate);
         }
         let admin = Infra::connect_harness(&bed.redis_url(), &bed.database_url()).await?;
-        let mut api = Pipeline::with_infra(
+        let api = Pipeline::with_infra(
             admin.clone(),
             keys.clone(),
             BTreeMap::new(),
@@ -647,20 +682,6 @@ impl<'b> Case<'b> {
         )
         .await?
         .api;
-        let mut submitted = Vec::new();
-        for request in requests {
-            let done = api
-                .submit(&InferenceRequest {
-                    request_id: request.request_id.clone(),
-                    input: request.input.clone(),
-                })
-                .await?;
-            submitted.push(SubmittedRequest {
-                request_id: request.request_id.clone(),
-                idempotency_key: done.idempotency_key,
-                input: crate::reference::submit::normalize_input(&request.input),
-            });
-        }
         let mut processes = Processes {
             command: settings.command.clone(),
             env: envs,
@@ -685,7 +706,7 @@ impl<'b> Case<'b> {
                 ));
             }
         }
-        let mut services = Services::new(
+        let services = Services::new(
             bed,
             keys.clone(),
             admin.clone(),
@@ -694,12 +715,11 @@ impl<'b> Case<'b> {
             settings.defects.clone(),
             settings.backend_timeout,
         );
-        services.requests = submitted
-            .iter()
-            .map(|r| r.idempotency_key.clone())
-            .collect();
         Ok(Case {
             settings: settings.clone(),
+            api,
+            cases: 0,
+            events_from: 0,
             plane: CasePlane {
                 services,
                 workers: processes,
@@ -709,12 +729,54 @@ impl<'b> Case<'b> {
             recorder,
             admin,
             keys,
-            submitted,
+            submitted: Vec::new(),
             notes,
             trace: Vec::new(),
             steps_run: Vec::new(),
             started,
         })
+    }
+
+    /// Starts a case: its requests (ids of this case's own, fingerprinted as `{req#i}`), a clean
+    /// trace.
+    async fn begin(&mut self, requests: &[RequestSpec]) -> Result<()> {
+        self.cases += 1;
+        self.started = Instant::now();
+        self.events_from = self.recorder.events().len();
+        self.trace.clear();
+        self.steps_run.clear();
+        self.submitted.clear();
+        let mut aliases = Vec::new();
+        for (i, request) in requests.iter().enumerate() {
+            let request_id = format!("c{}-{}", self.cases, request.request_id);
+            let done = self
+                .api
+                .submit(&InferenceRequest {
+                    request_id: request_id.clone(),
+                    input: request.input.clone(),
+                })
+                .await?;
+            let bare = done
+                .idempotency_key
+                .strip_prefix(self.keys.prefix())
+                .unwrap_or(&done.idempotency_key)
+                .to_owned();
+            aliases.push((bare, format!("{{req#{i}}}")));
+            self.submitted.push(SubmittedRequest {
+                request_id,
+                idempotency_key: done.idempotency_key,
+                input: crate::reference::submit::normalize_input(&request.input),
+            });
+        }
+        for gate in &self.gates {
+            gate.begin(aliases.clone());
+        }
+        self.plane.services.requests = self
+            .submitted
+            .iter()
+            .map(|r| r.idempotency_key.clone())
+            .collect();
+        Ok(())
     }
 
     fn worker(&self, worker: usize) -> usize {
@@ -802,7 +864,7 @@ impl<'b> Case<'b> {
                 let prints: Vec<String> = trips
                     .iter()
                     .filter(|trip| !uncounted(trip))
-                    .map(|trip| trip.request.fingerprint(Some(self.keys.prefix())).0)
+                    .map(|trip| gate.print(&trip.request))
                     .collect();
                 if prints.is_empty() {
                     Released::Uncounted
@@ -933,9 +995,10 @@ impl<'b> Case<'b> {
     }
 
     /// Heals, lets every worker run free until every request is terminal (expiring the leases
-    /// and deliveries of jobs nobody works on), stops the processes, judges.
+    /// and deliveries of jobs nobody works on), judges what concerns this case's requests, and
+    /// leaves every worker held before its next queue poll, ready for the next case.
     async fn finish(
-        mut self,
+        &mut self,
         bed: &TestBed,
         schedule: WireSchedule,
         expected: Option<&[Vec<String>]>,
@@ -949,27 +1012,30 @@ impl<'b> Case<'b> {
         for gate in &self.gates {
             gate.open();
         }
-        let outcome = self.drain(bed).await;
-        for proc in self.plane.workers.procs.iter_mut() {
-            signal(proc, Signal::SIGCONT);
-            stop(proc, Duration::from_secs(2)).await;
-        }
-        for reader in std::mem::take(&mut self.plane.workers.readers) {
-            let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
-        }
-        for link in self.plane.services.release_links() {
-            link.links.hold(None);
-        }
-        let settled = outcome?;
+        let settled = self.drain(bed).await?;
         self.recorder.observe(Observation::Drained { settled });
+        let keys: std::collections::HashSet<String> = self
+            .submitted
+            .iter()
+            .map(|r| r.idempotency_key.clone())
+            .collect();
+        let events = self.recorder.events().split_off(self.events_from);
         let mut history = crate::history::collect(
             bed,
             &self.admin.pg,
             self.keys.prefix(),
-            self.recorder.events(),
+            events,
             self.submitted.clone(),
         )
         .await?;
+        history.audit.retain(|row| keys.contains(&row.idempotency_key));
+        history.jobs.retain(|job| keys.contains(&job.idempotency_key));
+        history.journal.retain(|entry| {
+            entry
+                .request
+                .as_ref()
+                .is_some_and(|call| keys.contains(&call.idempotency_key))
+        });
         history.lease_ttl_ms = Some(self.settings.lease_ttl.as_millis() as u64);
         history.wire_recorded = true;
         let divergence = expected.and_then(|expected| diverged(expected, &self.trace));
@@ -984,16 +1050,126 @@ impl<'b> Case<'b> {
                 .cloned(),
         );
         let outputs = self.plane.workers.outputs.lock().expect("poisoned").clone();
-        Ok(WireOutcome {
+        let outcome = WireOutcome {
             schedule,
             case: CaseResult::judge(history, &self.settings.invariants),
-            trace: self.trace,
+            trace: std::mem::take(&mut self.trace),
             divergence,
             timeouts,
-            notes: self.notes,
+            notes: std::mem::take(&mut self.notes),
             outputs,
             elapsed: self.started.elapsed(),
-        })
+        };
+        self.settle().await?;
+        Ok(outcome)
+    }
+
+    /// Between cases: every worker held again before its next queue poll (a worker that left,
+    /// declining a version, is started again), the namespace's cache and version pointer gone,
+    /// and no delivery of an earlier case left to claim.
+    async fn settle(&mut self) -> Result<()> {
+        let processes = &mut self.plane.workers;
+        for index in 0..processes.procs.len() {
+            if processes.procs[index]
+                .child
+                .try_wait()
+                .ok()
+                .flatten()
+                .is_some()
+            {
+                let spec = self.settings.workers[index].clone();
+                processes.restart(index, &spec)?;
+                self.fresh[index] = true;
+            }
+        }
+        for gate in &self.gates {
+            gate.close();
+        }
+        for worker in 0..self.gates.len() {
+            let wait = if self.fresh[worker] {
+                self.settings.start
+            } else {
+                Duration::from_secs(1)
+            };
+            let mut notes = Vec::new();
+            for _ in 0..100 {
+                match self.gates[worker].arrival(wait, &mut notes).await {
+                    Some((_, true)) => break,
+                    Some((_, false)) => {
+                        self.gates[worker].release(self.settings.answer).await;
+                    }
+                    None => break,
+                }
+            }
+            self.fresh[worker] = false;
+        }
+        let mut redis = self.admin.redis.clone();
+        let mut cursor = 0u64;
+        loop {
+            let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{}inf:*", self.keys.prefix()))
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut redis)
+                .await?;
+            if !found.is_empty() {
+                let _: i64 = redis::cmd("DEL").arg(&found).query_async(&mut redis).await?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        let _: i64 = redis::cmd("DEL")
+            .arg(self.keys.active_version())
+            .query_async(&mut redis)
+            .await?;
+        let stream = self.keys.stream();
+        let pending: redis::Value = redis::cmd("XPENDING")
+            .arg(&stream)
+            .arg(CONSUMER_GROUP)
+            .arg("-")
+            .arg("+")
+            .arg(1000)
+            .query_async(&mut redis)
+            .await?;
+        if let redis::Value::Array(entries) = pending {
+            let ids: Vec<String> = entries
+                .iter()
+                .filter_map(|entry| match entry {
+                    redis::Value::Array(parts) => parts.first().and_then(text_of),
+                    _ => None,
+                })
+                .collect();
+            if !ids.is_empty() {
+                let _: i64 = redis::cmd("XACK")
+                    .arg(&stream)
+                    .arg(CONSUMER_GROUP)
+                    .arg(&ids)
+                    .query_async(&mut redis)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops the processes and hands the links back (holding nothing).
+    async fn stop(mut self) {
+        for gate in &self.gates {
+            gate.open();
+        }
+        for proc in self.plane.workers.procs.iter_mut() {
+            signal(proc, Signal::SIGCONT);
+            stop(proc, Duration::from_secs(2)).await;
+        }
+        for reader in std::mem::take(&mut self.plane.workers.readers) {
+            let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
+        }
+        for link in self.plane.services.release_links() {
+            link.links.hold(None);
+        }
     }
 
     async fn drain(&mut self, _bed: &TestBed) -> Result<bool> {
@@ -1152,7 +1328,20 @@ pub async fn run_wire(
     schedule: &WireSchedule,
     expected: Option<&[Vec<String>]>,
 ) -> Result<WireOutcome> {
-    let mut case = Case::open(bed, settings, &schedule.requests).await?;
+    let mut case = Case::open(bed, settings).await?;
+    let outcome = run_on(&mut case, bed, schedule, expected).await;
+    case.stop().await;
+    outcome
+}
+
+/// Runs `schedule` on the processes of `case`.
+async fn run_on(
+    case: &mut Case<'_>,
+    bed: &TestBed,
+    schedule: &WireSchedule,
+    expected: Option<&[Vec<String>]>,
+) -> Result<WireOutcome> {
+    case.begin(&schedule.requests).await?;
     let mut failed = None;
     for step in &schedule.steps {
         if crate::interrupt::requested().is_some() {
@@ -1199,6 +1388,21 @@ pub async fn run_pct(
     pct: Pct,
     seed: u64,
 ) -> Result<WireOutcome> {
+    let mut case = Case::open(bed, settings).await?;
+    let outcome = pct_on(&mut case, bed, requests, pct, seed).await;
+    case.stop().await;
+    outcome
+}
+
+/// Runs one PCT case on the processes of `case`.
+async fn pct_on(
+    case: &mut Case<'_>,
+    bed: &TestBed,
+    requests: &[RequestSpec],
+    pct: Pct,
+    seed: u64,
+) -> Result<WireOutcome> {
+    let settings = case.settings.clone();
     let mut rng = StdRng::seed_from_u64(seed);
     let n = settings.workers.len();
     let d = pct.depth.max(1);
@@ -1230,7 +1434,7 @@ pub async fn run_pct(
         })
         .collect();
 
-    let mut case = Case::open(bed, settings, requests).await?;
+    case.begin(requests).await?;
     let mut steps: Vec<WireStep> = Vec::new();
     let mut counted = 0u32;
     let mut run: Option<(usize, u32, Vec<String>)> = None;
@@ -1422,42 +1626,30 @@ pub async fn search(
     } else {
         Vec::new()
     };
+    // Seeded order, preemptions with a lease expiry first: with nothing expired, the other
+    // worker has no delivery to take and the preemption changes nothing.
     enumerated.shuffle(&mut rng);
+    enumerated.sort_by_key(|s| !s.steps.iter().any(|st| matches!(st, WireStep::Expire { .. })));
     let mut enumerated = enumerated.into_iter();
     let mut cases = 0;
     let mut timeouts = 0;
     let mut last = None;
-    while cases < search.cases && started.elapsed() < search.budget {
-        if crate::interrupt::requested().is_some() {
-            break;
-        }
-        cases += 1;
-        let outcome = match enumerated.next() {
-            Some(schedule) => run_wire(bed, settings, &schedule, None).await?,
-            None => run_pct(bed, settings, &requests, search.pct, rng.random()).await?,
-        };
-        progress(cases);
-        timeouts += u32::from(!outcome.timeouts.is_empty());
-        if !outcome.case.violations.is_empty() {
-            let after = started.elapsed();
-            let elapsed = after;
-            let original = outcome.schedule.clone();
-            let (shrunk, runs) = shrink(bed, settings, outcome, search.shrink_runs).await?;
-            return Ok(WireReport {
-                cases,
-                elapsed,
-                found: Some(WireFound {
-                    case: cases,
-                    after,
-                    original,
-                    shrunk,
-                    shrink_runs: runs,
-                }),
-                timeouts,
-                last: None,
-            });
-        }
-        last = Some(outcome);
+    let mut case = Case::open(bed, settings).await?;
+    let report = search_on(
+        &mut case,
+        bed,
+        search,
+        &requests,
+        &mut enumerated,
+        &mut rng,
+        (&mut cases, &mut timeouts, &mut last),
+        started,
+        progress,
+    )
+    .await;
+    case.stop().await;
+    if let Some(report) = report? {
+        return Ok(report);
     }
     Ok(WireReport {
         cases,
@@ -1466,6 +1658,53 @@ pub async fn search(
         timeouts,
         last,
     })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn search_on(
+    case: &mut Case<'_>,
+    bed: &TestBed,
+    search: &WireSearch,
+    requests: &[RequestSpec],
+    enumerated: &mut impl Iterator<Item = WireSchedule>,
+    rng: &mut StdRng,
+    (cases, timeouts, last): (&mut u32, &mut u32, &mut Option<WireOutcome>),
+    started: Instant,
+    progress: impl Fn(u32),
+) -> Result<Option<WireReport>> {
+    while *cases < search.cases && started.elapsed() < search.budget {
+        if crate::interrupt::requested().is_some() {
+            break;
+        }
+        *cases += 1;
+        let outcome = match enumerated.next() {
+            Some(schedule) => run_on(case, bed, &schedule, None).await?,
+            None => pct_on(case, bed, requests, search.pct, rng.random()).await?,
+        };
+        progress(*cases);
+        *timeouts += u32::from(!outcome.timeouts.is_empty());
+        if !outcome.case.violations.is_empty() {
+            let after = started.elapsed();
+            let elapsed = after;
+            let original = outcome.schedule.clone();
+            let (shrunk, runs) = shrink_on(case, bed, outcome, search.shrink_runs).await?;
+            return Ok(Some(WireReport {
+                cases: *cases,
+                elapsed,
+                found: Some(WireFound {
+                    case: *cases,
+                    after,
+                    original,
+                    shrunk,
+                    shrink_runs: runs,
+                }),
+                timeouts: *timeouts,
+                last: None,
+            }));
+        }
+        *last = Some(outcome);
+    }
+    Ok(None)
 }
 
 fn violated(outcome: &WireOutcome) -> Vec<Invariant> {
@@ -1546,6 +1785,18 @@ pub async fn shrink(
     failing: WireOutcome,
     runs: u32,
 ) -> Result<(WireOutcome, u32)> {
+    let mut case = Case::open(bed, settings).await?;
+    let shrunk = shrink_on(&mut case, bed, failing, runs).await;
+    case.stop().await;
+    shrunk
+}
+
+async fn shrink_on(
+    case: &mut Case<'_>,
+    bed: &TestBed,
+    failing: WireOutcome,
+    runs: u32,
+) -> Result<(WireOutcome, u32)> {
     let target = violated(&failing);
     let mut best = failing;
     let mut tried = 0;
@@ -1555,7 +1806,7 @@ pub async fn shrink(
                 break 'outer;
             }
             tried += 1;
-            let outcome = run_wire(bed, settings, &candidate, None).await?;
+            let outcome = run_on(case, bed, &candidate, None).await?;
             if violated(&outcome).iter().any(|v| target.contains(v)) {
                 best = outcome;
                 continue 'outer;
