@@ -1009,10 +1009,19 @@ impl<'b> Case<'b> {
             "drain: heal, release every hold, let the workers finish".into(),
         );
         self.recorder.observe(Observation::Draining);
-        for gate in &self.gates {
-            gate.open();
+        self.plane.services.heal_all().await?;
+        // Still under the gates, in worker order: each worker finishes what the schedule left
+        // in its hands, up to its next queue poll. Only if that leaves a job open (a worker
+        // died with it, or waits on another) do the workers run free while time passes.
+        self.settle().await?;
+        let mut settled = self.open_jobs().await?.is_empty();
+        if !settled {
+            for gate in &self.gates {
+                gate.open();
+            }
+            settled = self.drain(bed).await?;
+            self.settle().await?;
         }
-        let settled = self.drain(bed).await?;
         self.recorder.observe(Observation::Drained { settled });
         let keys: std::collections::HashSet<String> = self
             .submitted
@@ -1028,8 +1037,12 @@ impl<'b> Case<'b> {
             self.submitted.clone(),
         )
         .await?;
-        history.audit.retain(|row| keys.contains(&row.idempotency_key));
-        history.jobs.retain(|job| keys.contains(&job.idempotency_key));
+        history
+            .audit
+            .retain(|row| keys.contains(&row.idempotency_key));
+        history
+            .jobs
+            .retain(|job| keys.contains(&job.idempotency_key));
         history.journal.retain(|entry| {
             entry
                 .request
@@ -1060,13 +1073,12 @@ impl<'b> Case<'b> {
             outputs,
             elapsed: self.started.elapsed(),
         };
-        self.settle().await?;
+        self.clean().await?;
         Ok(outcome)
     }
 
-    /// Between cases: every worker held again before its next queue poll (a worker that left,
-    /// declining a version, is started again), the namespace's cache and version pointer gone,
-    /// and no delivery of an earlier case left to claim.
+    /// Every worker held before its next queue poll, in worker order (a worker that left,
+    /// declining a version, is started again).
     async fn settle(&mut self) -> Result<()> {
         let processes = &mut self.plane.workers;
         for index in 0..processes.procs.len() {
@@ -1089,7 +1101,7 @@ impl<'b> Case<'b> {
             let wait = if self.fresh[worker] {
                 self.settings.start
             } else {
-                Duration::from_secs(1)
+                self.settings.arrive
             };
             let mut notes = Vec::new();
             for _ in 0..100 {
@@ -1103,6 +1115,12 @@ impl<'b> Case<'b> {
             }
             self.fresh[worker] = false;
         }
+        Ok(())
+    }
+
+    /// Between cases: the namespace's cache and version pointer gone, and no delivery of this
+    /// case left to claim.
+    async fn clean(&mut self) -> Result<()> {
         let mut redis = self.admin.redis.clone();
         let mut cursor = 0u64;
         loop {
@@ -1115,7 +1133,10 @@ impl<'b> Case<'b> {
                 .query_async(&mut redis)
                 .await?;
             if !found.is_empty() {
-                let _: i64 = redis::cmd("DEL").arg(&found).query_async(&mut redis).await?;
+                let _: i64 = redis::cmd("DEL")
+                    .arg(&found)
+                    .query_async(&mut redis)
+                    .await?;
             }
             if next == 0 {
                 break;
@@ -1172,22 +1193,26 @@ impl<'b> Case<'b> {
         }
     }
 
+    /// The case's requests whose job is not terminal.
+    async fn open_jobs(&self) -> Result<Vec<String>> {
+        let jobs = read_jobs(&self.admin.pg, self.keys.prefix()).await?;
+        Ok(self
+            .submitted
+            .iter()
+            .filter(|r| {
+                jobs.iter()
+                    .find(|j| j.idempotency_key == r.idempotency_key)
+                    .is_none_or(|j| !j.status().is_ok_and(|s| s.is_terminal()))
+            })
+            .map(|r| r.idempotency_key.clone())
+            .collect())
+    }
+
     async fn drain(&mut self, _bed: &TestBed) -> Result<bool> {
-        self.plane.services.heal_all().await?;
         let deadline = Instant::now() + self.settings.drain;
         let mut last_expiry = Instant::now();
         loop {
-            let jobs = read_jobs(&self.admin.pg, self.keys.prefix()).await?;
-            let open: Vec<String> = self
-                .submitted
-                .iter()
-                .filter(|r| {
-                    jobs.iter()
-                        .find(|j| j.idempotency_key == r.idempotency_key)
-                        .is_none_or(|j| !j.status().is_ok_and(|s| s.is_terminal()))
-                })
-                .map(|r| r.idempotency_key.clone())
-                .collect();
+            let open = self.open_jobs().await?;
             if open.is_empty() {
                 return Ok(true);
             }
@@ -1629,7 +1654,11 @@ pub async fn search(
     // Seeded order, preemptions with a lease expiry first: with nothing expired, the other
     // worker has no delivery to take and the preemption changes nothing.
     enumerated.shuffle(&mut rng);
-    enumerated.sort_by_key(|s| !s.steps.iter().any(|st| matches!(st, WireStep::Expire { .. })));
+    enumerated.sort_by_key(|s| {
+        !s.steps
+            .iter()
+            .any(|st| matches!(st, WireStep::Expire { .. }))
+    });
     let mut enumerated = enumerated.into_iter();
     let mut cases = 0;
     let mut timeouts = 0;
