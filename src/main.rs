@@ -490,7 +490,7 @@ async fn certify_external_command(
             );
             let bar = &bars["external-wire"];
             let schedules = out.join("schedules");
-            let (outcome, _) = racecert::suite::certify::certify_external_wire(
+            let (outcome, report) = racecert::suite::certify::certify_external_wire(
                 bed,
                 command,
                 &search,
@@ -500,6 +500,25 @@ async fn certify_external_command(
             )
             .await?;
             bar.finish();
+            println!(
+                "wire schedules: {} case(s) in {:.1} s ({:.1}/s), {} with a held worker that timed \
+                 out; {}",
+                report.cases,
+                report.elapsed.as_secs_f64(),
+                f64::from(report.cases) / report.elapsed.as_secs_f64().max(1e-3),
+                report.timeouts,
+                match &report.found {
+                    Some(found) => format!(
+                        "failure at case {} after {:.1} s, shrunk from {} to {} step(s) in {} run(s)",
+                        found.case,
+                        found.after.as_secs_f64(),
+                        found.original.steps.len(),
+                        found.shrunk.schedule.steps.len(),
+                        found.shrink_runs
+                    ),
+                    None => "no failure".to_owned(),
+                }
+            );
             wire = Some(outcome);
         }
         let bars = progress_bars([("external-fleet".to_owned(), u64::from(rounds))], "runs");

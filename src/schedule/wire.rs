@@ -1624,7 +1624,7 @@ pub struct WireReport {
     pub elapsed: Duration,
     /// The failure, if any.
     pub found: Option<WireFound>,
-    /// Divergent cases met (a generated case is never compared; shrink candidates are).
+    /// Cases in which a held worker timed out (a hold ended without the schedule).
     pub timeouts: u32,
     /// The last outcome (for a report when nothing failed).
     pub last: Option<WireOutcome>,

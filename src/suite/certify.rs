@@ -296,7 +296,7 @@ pub async fn certify_external_wire(
     defects: &Defects,
     schedules: Option<&std::path::Path>,
     progress: impl Fn(u32),
-) -> Result<(SuiteOutcome, Option<crate::schedule::wire::WireFound>)> {
+) -> Result<(SuiteOutcome, crate::schedule::wire::WireReport)> {
     use crate::schedule::wire::{WireScheduleFile, WireSettings};
     let mut settings = WireSettings::pair(command);
     settings.defects = defects.clone();
@@ -347,6 +347,9 @@ pub async fn certify_external_wire(
                 search.seed
             );
             report.schedule_file = file_path;
+            for timeout in &found.shrunk.timeouts {
+                report.timeline.push_str(&format!("held worker timed out: {timeout}\n"));
+            }
             Some(report)
         }
     };
@@ -376,7 +379,7 @@ pub async fn certify_external_wire(
             error: None,
             worker_outputs: outputs,
         },
-        found,
+        report,
     ))
 }
 
