@@ -633,7 +633,19 @@ impl<'b> Case<'b> {
         let mut envs = Vec::new();
         let mut gates = Vec::new();
         for spec in &settings.workers {
-            let link = WorkerLink::open_with(bed, true, false, true).await?;
+            // A tapped proxy restarts on its port; under load another socket may take the port
+            // meanwhile: new links (new ports) are tried before giving up.
+            let mut tries = 0;
+            let link = loop {
+                match WorkerLink::open_with(bed, true, false, true).await {
+                    Ok(link) => break link,
+                    Err(err) if tries < 3 && err.to_string().contains("Address already in use") => {
+                        tries += 1;
+                        tracing::warn!(%err, "opening a worker's links again");
+                    }
+                    Err(err) => return Err(err),
+                }
+            };
             let gate = Gate::new(&spec.id, keys.prefix(), settings.max_hold);
             let listener = {
                 let (recorder, gate) = (recorder.wire_listener(), gate.clone());
