@@ -348,7 +348,9 @@ pub async fn certify_external_wire(
             );
             report.schedule_file = file_path;
             for timeout in &found.shrunk.timeouts {
-                report.timeline.push_str(&format!("held worker timed out: {timeout}\n"));
+                report
+                    .timeline
+                    .push_str(&format!("held worker timed out: {timeout}\n"));
             }
             Some(report)
         }
