@@ -113,6 +113,21 @@ async fn the_safe_python_worker_and_the_reference_worker_pass_wire_schedules(
             anyhow::bail!("{command} must pass:\n{}", found.shrunk.text("failed case"));
         }
         anyhow::ensure!(report.cases == 20, "{command}: {} cases", report.cases);
+        // The cases did interleave the workers at their round trips, and no hold outlasted a
+        // worker's patience.
+        let last = report
+            .last
+            .ok_or_else(|| anyhow::anyhow!("{command}: no case"))?;
+        anyhow::ensure!(
+            last.trace.iter().flatten().count() >= 8 && last.divergence.is_none(),
+            "{command}: the last case released too little:\n{}",
+            last.text("last case")
+        );
+        anyhow::ensure!(
+            report.timeouts == 0,
+            "{command}: {} case(s) with a held worker that timed out",
+            report.timeouts
+        );
     }
     Ok(())
 }
