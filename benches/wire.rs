@@ -84,6 +84,13 @@ async fn run(bed: &TestBed, seeds: u64) -> anyhow::Result<()> {
                         .await?;
                         if again.divergence.is_none() && names(&again.case) == broke {
                             same += 1;
+                        } else {
+                            eprintln!(
+                                "replay of {flag} seed {seed} differed: {:?} {:?}; notes {:?}",
+                                again.divergence,
+                                names(&again.case),
+                                again.notes
+                            );
                         }
                     }
                     (

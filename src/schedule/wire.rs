@@ -198,9 +198,11 @@ impl WireSettings {
             lease_ttl: Duration::from_secs(60),
             visibility_timeout: Duration::from_secs(60),
             backend_timeout: Duration::from_secs(3),
-            arrive: Duration::from_millis(400),
+            // Generous for a loaded machine (a starved interpreter is late, and a step that gives
+            // up on it early diverges); only a worker that really waits on something pays them.
+            arrive: Duration::from_millis(1500),
             start: Duration::from_secs(20),
-            answer: Duration::from_millis(800),
+            answer: Duration::from_millis(1500),
             // Below redis-py's and most clients' socket timeouts (5 s and up).
             max_hold: Duration::from_secs(4),
             drain: Duration::from_secs(15),
