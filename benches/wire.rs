@@ -2,8 +2,9 @@
 //! worker runs at, and, per defect of the Python example, how soon wire schedules find it against
 //! the free-running chaos fleet given the same time.
 //!
-//! `cargo bench --bench wire` (or `-- SEEDS` for fewer than 10 seeds). It prints numbers and
-//! asserts nothing:
+//! `cargo bench --bench wire [-- [LAST [FIRST]] [FLAG..] [--no-rate]]`: seeds FIRST..=LAST (1..=10 by
+//! default), only the defects whose flag is given (`unfenced`, `read-then-write`), without part 1
+//! with `--no-rate`. It prints numbers and asserts nothing:
 //! 1. wire schedules per second of the safe Python worker (depth-2 enumeration, then PCT), on
 //!    processes kept from case to case;
 //! 2. per defect (`--read-then-write`, `--unfenced`) and seed: cases and seconds to the first
@@ -28,7 +29,14 @@ fn names(case: &racecert::schedule::controlled::CaseResult) -> Vec<String> {
     names
 }
 
-async fn run(bed: &TestBed, seeds: u64) -> anyhow::Result<()> {
+/// What to run: seeds, defects (flags of the example), whether to measure the rate.
+struct Plan {
+    seeds: std::ops::RangeInclusive<u64>,
+    flags: Vec<&'static str>,
+    rate: bool,
+}
+
+async fn run(bed: &TestBed, plan: Plan) -> anyhow::Result<()> {
     let requirements = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("examples/python-worker/requirements.txt");
     let venv = racecert::env::python::Venv::ensure(&requirements)?;
@@ -38,8 +46,15 @@ async fn run(bed: &TestBed, seeds: u64) -> anyhow::Result<()> {
     );
     let python = format!("{} {script}", venv.python().display());
 
+    if plan.rate {
+        rate(bed, &python).await?;
+    }
+    table(bed, &python, &plan).await
+}
+
+async fn rate(bed: &TestBed, python: &str) -> anyhow::Result<()> {
     println!("\n## 1. wire schedules per second, safe Python worker (2 workers, 1 request)");
-    let settings = WireSettings::pair(&python);
+    let settings = WireSettings::pair(python);
     let mut plan = WireSearch::default_for(1);
     plan.cases = 60;
     plan.budget = Duration::from_secs(300);
@@ -54,17 +69,20 @@ async fn run(bed: &TestBed, seeds: u64) -> anyhow::Result<()> {
         f64::from(report.cases) / report.elapsed.as_secs_f64(),
         report.found.is_some()
     );
+    Ok(())
+}
 
+async fn table(bed: &TestBed, python: &str, plan: &Plan) -> anyhow::Result<()> {
     println!("\n## 2./3. time to the first failure per defect: wire schedules vs chaos fleet");
     println!(
         "| defect | seed | wire: cases | wire: s to failure | shrunk steps | replays same | invariants | fleet (1 run): found | fleet s |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     let dir = std::env::temp_dir().join(format!("racecert-wire-bench-{}", std::process::id()));
-    for flag in ["--read-then-write", "--unfenced"] {
+    for flag in &plan.flags {
         let command = format!("{python} {flag}");
         let settings = WireSettings::pair(&command);
-        for seed in 1..=seeds {
+        for seed in plan.seeds.clone() {
             let report = search(bed, &settings, &WireSearch::default_for(seed), |_| {}).await?;
             let (cases, after, steps, same, broke) = match &report.found {
                 None => (report.cases, None, 0, 0, Vec::new()),
@@ -127,10 +145,22 @@ async fn run(bed: &TestBed, seeds: u64) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let seeds: u64 = std::env::args()
-        .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(10);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let numbers: Vec<u64> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    let last = numbers.first().copied().unwrap_or(10);
+    let first = numbers.get(1).copied().unwrap_or(1);
+    let mut flags: Vec<&'static str> = ["--read-then-write", "--unfenced"]
+        .into_iter()
+        .filter(|f| args.iter().any(|a| a == f.trim_start_matches('-')))
+        .collect();
+    if flags.is_empty() {
+        flags = vec!["--read-then-write", "--unfenced"];
+    }
+    let plan = Plan {
+        seeds: first..=last,
+        flags,
+        rate: !args.iter().any(|a| a == "--no-rate"),
+    };
     println!("$ cargo bench --bench wire");
     let started = Instant::now();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -138,7 +168,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     let bed = rt.block_on(TestBed::builder().start())?;
     println!("test bed up in {:.2?}", bed.startup_time());
-    let outcome = rt.block_on(run(&bed, seeds));
+    let outcome = rt.block_on(run(&bed, plan));
     rt.block_on(bed.shutdown());
     outcome?;
     println!("\ntotal {:.1} s", started.elapsed().as_secs_f64());
