@@ -82,6 +82,9 @@ enum Command {
         /// Fleet runs for --worker-cmd (stops at the first violation).
         #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
         rounds: u32,
+        /// Seconds of wire schedules for --worker-cmd before the fleet runs (0: fleet only).
+        #[arg(long, default_value_t = 90, value_name = "SECS")]
+        wire_budget: u64,
     },
     /// Reproduce one case exactly (from its schedule file, or a suite's seed and case number) and
     /// print its timeline; with a suite alone, explore it until a failure.
@@ -104,6 +107,10 @@ enum Command {
         /// Defects to switch on (repeatable).
         #[arg(long = "defect", value_name = "NAME")]
         defects: Vec<Defect>,
+        /// The worker command a wire schedule file (`racecert-wire-schedule/1`) is replayed
+        /// with: one process per worker of the file, its round trips held as the file says.
+        #[arg(long, value_name = "CMD", requires = "schedule")]
+        worker_cmd: Option<String>,
     },
     /// Diagnose the races in production logs (logfmt, JSON or Celery lines) and reproduce each
     /// cause against the reference worker, with the defect it needs and then safe.
@@ -465,15 +472,58 @@ async fn certify_command(
 async fn certify_external_command(
     command: &str,
     rounds: u32,
+    wire_budget: u64,
     seed: u64,
     defects: Defects,
     out: &Path,
     color: bool,
 ) -> Result<ExitCode> {
     println!(
-        "racecert certify --worker-cmd {command:?}: up to {rounds} fleet run(s); bringing the test bed up"
+        "racecert certify --worker-cmd {command:?}: wire schedules for up to {wire_budget} s, then \
+         up to {rounds} fleet run(s); bringing the test bed up"
     );
-    let outcome = with_bed(OnSignal::Finish, async |bed: &TestBed| {
+    let (wire, outcome) = with_bed(OnSignal::Finish, async |bed: &TestBed| {
+        let mut wire = None;
+        if wire_budget > 0 {
+            let mut search = racecert::schedule::wire::WireSearch::default_for(seed);
+            search.budget = std::time::Duration::from_secs(wire_budget);
+            let bars = progress_bars(
+                [("external-wire".to_owned(), u64::from(search.cases))],
+                "cases",
+            );
+            let bar = &bars["external-wire"];
+            let schedules = out.join("schedules");
+            let (outcome, report) = racecert::suite::certify::certify_external_wire(
+                bed,
+                command,
+                &search,
+                &defects,
+                Some(&schedules),
+                |done| bar.set_position(u64::from(done)),
+            )
+            .await?;
+            bar.finish();
+            println!(
+                "wire schedules: {} case(s) in {:.1} s ({:.1}/s), {} with a held worker that timed \
+                 out; {}",
+                report.cases,
+                report.elapsed.as_secs_f64(),
+                f64::from(report.cases) / report.elapsed.as_secs_f64().max(1e-3),
+                report.timeouts,
+                match &report.found {
+                    Some(found) => format!(
+                        "failure at case {} after {:.1} s, shrunk from {} to {} step(s) in {} run(s)",
+                        found.case,
+                        found.after.as_secs_f64(),
+                        found.original.steps.len(),
+                        found.shrunk.schedule.steps.len(),
+                        found.shrink_runs
+                    ),
+                    None => "no failure".to_owned(),
+                }
+            );
+            wire = Some(outcome);
+        }
         let bars = progress_bars([("external-fleet".to_owned(), u64::from(rounds))], "runs");
         let bar = &bars["external-fleet"];
         let outcome = racecert::suite::certify::certify_external(
@@ -486,10 +536,12 @@ async fn certify_external_command(
         )
         .await;
         bar.finish();
-        Ok(outcome?)
+        Ok((wire, outcome?))
     })
     .await?;
     let mut report = Report::new(None);
+    // Which runner found what: one suite each.
+    report.suites.extend(wire);
     report.suites.push(outcome);
     report.interrupted = racecert::interrupt::requested().map(racecert::interrupt::name);
     report.write_all(out)?;
@@ -499,6 +551,41 @@ async fn certify_external_command(
         out.display()
     );
     Ok(verdict_code(report.passed()))
+}
+
+/// Exit code of a replay whose worker sent other round trips than its file recorded: neither a
+/// pass nor a failure.
+const DIVERGED: u8 = 3;
+
+async fn run_wire_file(path: &Path, worker_cmd: Option<&str>) -> Result<ExitCode> {
+    use racecert::schedule::wire::{WireScheduleFile, run_wire};
+    let file = WireScheduleFile::read(path)?;
+    let Some(command) = worker_cmd else {
+        anyhow::bail!(
+            "{} is a wire schedule file: replay it with --worker-cmd CMD (it was found with {:?})",
+            path.display(),
+            file.command
+        );
+    };
+    let settings = file.settings(command);
+    let outcome = with_bed(OnSignal::Finish, async |bed: &TestBed| {
+        // A file written by hand carries no trace: nothing to diverge from.
+        let expected = (!file.trace.is_empty()).then_some(file.trace.as_slice());
+        Ok(run_wire(bed, &settings, &file.schedule, expected).await?)
+    })
+    .await?;
+    print!(
+        "{}",
+        outcome.text(&format!(
+            "wire schedule {} with {command:?}",
+            path.display()
+        ))
+    );
+    print!("{}", outcome.case.history.timeline());
+    if outcome.divergence.is_some() {
+        return Ok(ExitCode::from(DIVERGED));
+    }
+    Ok(verdict_code(outcome.case.violations.is_empty()))
 }
 
 /// Exit code when nothing in the log could be reconstructed.
@@ -548,7 +635,22 @@ async fn run_case(
     case: Option<u32>,
     concurrency: usize,
     defects: Defects,
+    worker_cmd: Option<&str>,
 ) -> Result<ExitCode> {
+    if let Some(path) = schedule
+        && racecert::schedule::wire::WireScheduleFile::is_wire(path)
+    {
+        return run_wire_file(path, worker_cmd).await;
+    }
+    if worker_cmd.is_some() {
+        anyhow::bail!(
+            "--worker-cmd replays a wire schedule file (format {:?}); {} is not one",
+            racecert::schedule::wire::FORMAT,
+            schedule
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        );
+    }
     if let Some(path) = schedule {
         let file = ScheduleFile::read(path)?;
         let held = with_bed(OnSignal::Finish, async |bed: &TestBed| {
@@ -666,12 +768,14 @@ async fn run(command: Command, color: bool) -> Result<ExitCode> {
             out,
             worker_cmd,
             rounds,
+            wire_budget,
         } => {
             let defects = Defects::of(defects);
             if let Some(command) = worker_cmd {
                 return certify_external_command(
                     &command,
                     rounds,
+                    wire_budget,
                     seed.unwrap_or(1),
                     defects,
                     &out,
@@ -699,6 +803,7 @@ async fn run(command: Command, color: bool) -> Result<ExitCode> {
             case,
             concurrency,
             defects,
+            worker_cmd,
         } => {
             run_case(
                 suite.as_deref(),
@@ -707,6 +812,7 @@ async fn run(command: Command, color: bool) -> Result<ExitCode> {
                 case,
                 concurrency,
                 Defects::of(defects),
+                worker_cmd.as_deref(),
             )
             .await
         }

@@ -9,6 +9,7 @@ cache -> backend call -> cache write -> fenced final write -> XACK -> compare-an
     python worker.py --release-without-check   # lease released with a plain DEL
     python worker.py --lease-without-nx        # lease taken with SET PX, without NX
     python worker.py --cache-active-namespace  # result cached under the version live now
+    python worker.py --read-then-write         # final transition read, then written (check-then-act)
 
 Configuration comes only from the RACECERT_* environment variables. Log lines (logfmt) go to
 stdout; the worker's own start/stop notes go to stderr. SIGTERM (or SIGINT) drains: no new job
@@ -67,6 +68,19 @@ UNFENCED_WRITE_SQL = """
 UPDATE inference_jobs
 SET status = 'SUCCEEDED', output = %(output)s, model_version = %(version)s,
     generation = %(next_generation)s, lease_token = %(token)s,
+    updated_at = clock_timestamp(), completed_at = clock_timestamp()
+WHERE idempotency_key = %(key)s
+"""
+
+# --read-then-write: the final transition as a read, then a write in a second statement; the
+# check is right when it runs and may be stale when the write lands (a time-of-check bug).
+CHECK_OWNER_SQL = """
+SELECT status, lease_token FROM inference_jobs WHERE idempotency_key = %(key)s
+"""
+CHECKED_WRITE_SQL = """
+UPDATE inference_jobs
+SET status = 'SUCCEEDED', output = %(output)s, model_version = %(version)s,
+    generation = %(next_generation)s,
     updated_at = clock_timestamp(), completed_at = clock_timestamp()
 WHERE idempotency_key = %(key)s
 """
@@ -214,6 +228,7 @@ class Bugs:
     release_without_check: bool = False  # DEL the lease, not compare-and-delete
     lease_without_nx: bool = False  # SET the lease without NX: always "acquired"
     cache_active_namespace: bool = False  # cache under the version live when writing
+    read_then_write: bool = False  # final transition as a read, then a write (check-then-act)
 
 
 class Worker:
@@ -468,6 +483,8 @@ class Worker:
 
     def fenced_write(self, a: Attempt, key: str, token: str, next_generation: int,
                      output: str, from_cache: bool) -> bool:
+        if self.bugs.read_then_write:
+            return self.checked_write(a, key, token, next_generation, output, from_cache)
         written = self.db().execute(FENCED_WRITE_SQL, {
             "key": key, "token": token, "next_generation": next_generation,
             "output": output, "version": self.config.model_version,
@@ -479,6 +496,21 @@ class Worker:
         self.log("WARN", a, "late_write_rejected")
         self.log("INFO", a, "discarded_late_result")
         return False
+
+    def checked_write(self, a: Attempt, key: str, token: str, next_generation: int,
+                      output: str, from_cache: bool) -> bool:
+        """--read-then-write: read the row, check it is still ours, then write it unfenced."""
+        params = {"key": key, "token": token, "next_generation": next_generation,
+                  "output": output, "version": self.config.model_version}
+        row = self.db().execute(CHECK_OWNER_SQL, params).fetchone()
+        if row is None or row[0] != "IN_PROGRESS" or row[1] != token:
+            self.log("WARN", a, "late_write_rejected")
+            self.log("INFO", a, "discarded_late_result")
+            return False
+        self.db().execute(CHECKED_WRITE_SQL, params)
+        self.log("INFO", a, "inference_succeeded", write="result_store",
+                 generation=next_generation, from_cache=str(from_cache).lower())
+        return True
 
     def unfenced_write(self, a: Attempt, key: str, token: str, next_generation: int,
                        output: str, from_cache: bool) -> None:
@@ -555,6 +587,8 @@ def main(argv: list[str]) -> int:
                         help="take the lease with SET PX, without NX (for demonstration)")
     parser.add_argument("--cache-active-namespace", action="store_true",
                         help="cache under the version live at write time (for demonstration)")
+    parser.add_argument("--read-then-write", action="store_true",
+                        help="final write as a read, then an unfenced write (a check-then-act race)")
     args = parser.parse_args(argv)
     try:
         config = Config.from_env(dict(os.environ))
@@ -566,6 +600,7 @@ def main(argv: list[str]) -> int:
         release_without_check=args.release_without_check,
         lease_without_nx=args.lease_without_nx,
         cache_active_namespace=args.cache_active_namespace,
+        read_then_write=args.read_then_write,
     ))
 
     def drain(signum: int, _frame: object) -> None:

@@ -4,7 +4,8 @@
 //! [`WireRoute`] says whose round trips it carries right now.
 
 use crate::env::proxy::{FaultProxy, Proxy};
-use crate::env::wire::{RoundTrip, Sink};
+use crate::env::wire::{Holder, Request, RoundTrip, Sink};
+use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, RwLock};
 
@@ -83,6 +84,32 @@ impl CaseLinks {
         }
     }
 
+    /// Asks `holder` before every client request through these links is forwarded (`None`: let
+    /// everything through); false if the links cannot hold (not recorded, or opened without
+    /// holds: [`crate::env::TestBed::links_with`]).
+    pub fn hold(&self, holder: Option<Arc<dyn Holder>>) -> bool {
+        match &self.route {
+            Some(route) if route.holdable => {
+                *route.holder.write().expect("poisoned") = holder;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The proxy (link) names of these links with their services (`redis`, `postgres`,
+    /// `backend:{version}`), as round trips and holders name them.
+    pub fn services(&self) -> Vec<(String, String)> {
+        let mut out = vec![
+            (self.redis.name().to_owned(), "redis".to_owned()),
+            (self.postgres.name().to_owned(), "postgres".to_owned()),
+        ];
+        for (version, proxy) in &self.backends {
+            out.push((proxy.name().to_owned(), format!("backend:{version}")));
+        }
+        out
+    }
+
     /// Whether the links are recorded.
     pub fn is_recorded(&self) -> bool {
         self.route.is_some()
@@ -124,6 +151,11 @@ pub type WireListener = Arc<dyn Fn(WireEvent) + Send + Sync>;
 #[derive(Default)]
 pub struct WireRoute {
     current: RwLock<Option<(String, WireListener)>>,
+    /// Who decides on holds now (issue 13's wire scheduler), if anyone.
+    holder: RwLock<Option<Arc<dyn Holder>>>,
+    /// The taps ask [`WireRoute::holder`] (set at creation: a tap that may hold frames a request
+    /// whole before forwarding it, which links that never hold need not pay for).
+    pub(crate) holdable: bool,
 }
 
 impl std::fmt::Debug for WireRoute {
@@ -146,6 +178,39 @@ impl WireRoute {
             route: Arc::clone(self),
             service,
         })
+    }
+}
+
+impl WireRoute {
+    /// A route whose taps ask a holder.
+    pub(crate) fn holdable() -> WireRoute {
+        WireRoute {
+            holdable: true,
+            ..WireRoute::default()
+        }
+    }
+
+    /// The tap holder of the link set: asks whoever [`CaseLinks::hold`] names.
+    pub(crate) fn holder(self: &Arc<Self>) -> Arc<dyn Holder> {
+        Arc::new(RouteHolder {
+            route: Arc::clone(self),
+        })
+    }
+}
+
+struct RouteHolder {
+    route: Arc<WireRoute>,
+}
+
+impl Holder for RouteHolder {
+    fn before(
+        &self,
+        link: &str,
+        conn: u64,
+        requests: &[Request],
+    ) -> Option<BoxFuture<'static, ()>> {
+        let holder = self.route.holder.read().expect("poisoned").clone();
+        holder.and_then(|holder| holder.before(link, conn, requests))
     }
 }
 

@@ -732,6 +732,17 @@ impl TestBed {
     /// whoever [`CaseLinks::record`] names (when the proxy runs in process: a proxy served
     /// elsewhere cannot be tapped, and the links then record nothing).
     pub async fn links(&self, backends: bool, record: bool) -> Result<CaseLinks> {
+        self.links_with(backends, record, false).await
+    }
+
+    /// [`TestBed::links`], and with `holdable` (recorded links only) every request through them
+    /// can be held before it reaches its server ([`CaseLinks::hold`]): the wire scheduler's links.
+    pub async fn links_with(
+        &self,
+        backends: bool,
+        record: bool,
+        holdable: bool,
+    ) -> Result<CaseLinks> {
         let redis = self.dedicated_proxy(Target::Redis).await?;
         let postgres = self.dedicated_proxy(Target::Postgres).await?;
         let mut proxies = std::collections::BTreeMap::new();
@@ -745,7 +756,11 @@ impl TestBed {
         }
         let route = match (&self.proxy_server, record) {
             (Some(server), true) => {
-                let route = std::sync::Arc::new(links::WireRoute::default());
+                let route = std::sync::Arc::new(if holdable {
+                    links::WireRoute::holdable()
+                } else {
+                    links::WireRoute::default()
+                });
                 let clock = wire::Clock::new(self.clock);
                 let mut taps: Vec<(&DedicatedProxy, wire::Protocol, String)> = vec![
                     (&redis, wire::Protocol::Redis, "redis".to_owned()),
@@ -755,10 +770,13 @@ impl TestBed {
                     taps.push((proxy, wire::Protocol::Http, format!("backend:{version}")));
                 }
                 for (proxy, protocol, service) in taps {
-                    let tap = wire::WireTap::builder(proxy.name(), protocol)
+                    let mut tap = wire::WireTap::builder(proxy.name(), protocol)
                         .clock(clock)
-                        .shared_sink(route.sink(service))
-                        .build();
+                        .shared_sink(route.sink(service));
+                    if holdable {
+                        tap = tap.holder(route.holder());
+                    }
+                    let tap = tap.build();
                     server.set_tap(proxy.name(), Some(tap)).await?;
                 }
                 Some(route)

@@ -118,12 +118,12 @@ pub struct FleetResult {
     pub outputs: BTreeMap<String, (String, String)>,
 }
 
-type Outputs = Arc<Mutex<BTreeMap<String, (String, String)>>>;
+pub(crate) type Outputs = Arc<Mutex<BTreeMap<String, (String, String)>>>;
 
 /// One running worker process.
-struct Proc {
-    spec: WorkerSpec,
-    child: Child,
+pub(crate) struct Proc {
+    pub(crate) spec: WorkerSpec,
+    pub(crate) child: Child,
 }
 
 impl Drop for Proc {
@@ -144,23 +144,23 @@ enum Takeover {
 }
 
 /// The fleet's processes: started from the command, one process group each.
-struct Processes {
-    command: String,
+pub(crate) struct Processes {
+    pub(crate) command: String,
     /// Per worker, the contract's environment per version, through the worker's own links
     /// (worker id and version filled per start).
-    env: Vec<BTreeMap<String, WorkerEnv>>,
-    recorder: Arc<Recorder>,
-    outputs: Outputs,
-    starts: u32,
-    procs: Vec<Proc>,
+    pub(crate) env: Vec<BTreeMap<String, WorkerEnv>>,
+    pub(crate) recorder: Arc<Recorder>,
+    pub(crate) outputs: Outputs,
+    pub(crate) starts: u32,
+    pub(crate) procs: Vec<Proc>,
     /// The output readers: each ends when its process's pipe closes.
-    readers: Vec<tokio::task::JoinHandle<()>>,
+    pub(crate) readers: Vec<tokio::task::JoinHandle<()>>,
     /// Draws when a paused worker wakes (seeded with the run).
-    wake: StdRng,
+    pub(crate) wake: StdRng,
 }
 
 impl Processes {
-    fn start(&mut self, index: usize, spec: &WorkerSpec) -> Result<Proc> {
+    pub(crate) fn start(&mut self, index: usize, spec: &WorkerSpec) -> Result<Proc> {
         let env = self
             .env
             .get(index)
@@ -232,7 +232,7 @@ impl Processes {
     }
 
     /// Replaces process `index` by a fresh one of `spec`.
-    fn restart(&mut self, index: usize, spec: &WorkerSpec) -> Result<()> {
+    pub(crate) fn restart(&mut self, index: usize, spec: &WorkerSpec) -> Result<()> {
         let fresh = self.start(index, spec)?;
         self.procs[index] = fresh;
         Ok(())
@@ -336,7 +336,7 @@ impl Workers for Processes {
     }
 }
 
-fn signal(proc: &Proc, signal: Signal) {
+pub(crate) fn signal(proc: &Proc, signal: Signal) {
     if let Some(pid) = proc.child.id() {
         // The whole process group: `sh -c CMD` and the worker it started.
         let _ = kill(Pid::from_raw(-(pid as i32)), signal);
@@ -345,7 +345,7 @@ fn signal(proc: &Proc, signal: Signal) {
 
 /// Stops a process: SIGTERM (drain), then SIGKILL after `grace`; whatever else is left in its
 /// process group (a command that forked) is killed too.
-async fn stop(proc: &mut Proc, grace: Duration) {
+pub(crate) async fn stop(proc: &mut Proc, grace: Duration) {
     let group = proc.child.id();
     signal(proc, Signal::SIGCONT);
     signal(proc, Signal::SIGTERM);

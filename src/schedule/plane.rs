@@ -65,7 +65,18 @@ pub struct WorkerLink {
 impl WorkerLink {
     /// New links on `bed` (recorded with `record`), and connections through them if `connect`.
     pub async fn open(bed: &TestBed, record: bool, connect: bool) -> Result<WorkerLink> {
-        let links = bed.links(true, record).await?;
+        Self::open_with(bed, record, connect, false).await
+    }
+
+    /// [`WorkerLink::open`], recorded, and with `holdable` able to hold every request before it
+    /// reaches its server (the wire scheduler's links).
+    pub async fn open_with(
+        bed: &TestBed,
+        record: bool,
+        connect: bool,
+        holdable: bool,
+    ) -> Result<WorkerLink> {
+        let links = bed.links_with(true, record, holdable).await?;
         let mut backends = BTreeMap::new();
         for version in bed.versions() {
             backends.insert(

@@ -300,6 +300,108 @@ pub async fn certify_external(
     })
 }
 
+/// Certifies an external worker command with wire schedules: two processes of `command`, every
+/// effectful round trip held and released as the schedule says (the depth-2 enumeration, then
+/// PCT), until a case breaks an invariant or the search's budget ends. A failure is shrunk and,
+/// with `schedules`, written as a wire schedule file there. Async: call it on the runtime.
+pub async fn certify_external_wire(
+    bed: &TestBed,
+    command: &str,
+    search: &crate::schedule::wire::WireSearch,
+    defects: &Defects,
+    schedules: Option<&std::path::Path>,
+    progress: impl Fn(u32),
+) -> Result<(SuiteOutcome, crate::schedule::wire::WireReport)> {
+    use crate::schedule::wire::{WireScheduleFile, WireSettings};
+    let mut settings = WireSettings::pair(command);
+    settings.defects = defects.clone();
+    let report = crate::schedule::wire::search(bed, &settings, search, progress).await?;
+    let found = report.found.clone();
+    let counterexample = match &found {
+        None => None,
+        Some(found) => {
+            let mut file_path = None;
+            if let Some(dir) = schedules {
+                let name = format!(
+                    "wire-{}.json",
+                    &crate::contract::sha256_hex(&format!(
+                        "{command}\n{:?}",
+                        found.shrunk.schedule
+                    ))[..12]
+                );
+                let path = dir.join(name);
+                WireScheduleFile::of(&settings, &found.shrunk).write(&path)?;
+                file_path = Some(path.display().to_string());
+            }
+            let replay = match &file_path {
+                Some(path) => format!("racecert run --schedule {path} --worker-cmd {command:?}"),
+                None => format!(
+                    "racecert certify --worker-cmd {command:?} --seed {}",
+                    search.seed
+                ),
+            };
+            let mut report = crate::report::CounterexampleReport::of_case(
+                &found.shrunk.case,
+                crate::schedule::Schedule {
+                    requests: found.shrunk.schedule.requests.clone(),
+                    steps: Vec::new(),
+                },
+                (found.case, found.after),
+                replay,
+            );
+            // The wire steps, as the timeline shows them, lead the story.
+            report.timeline = format!(
+                "wire schedule ({} steps, shrunk from {}):\n{}{}",
+                found.shrunk.schedule.steps.len(),
+                found.original.steps.len(),
+                found.shrunk.schedule,
+                report.timeline
+            );
+            report.seed_replay = format!(
+                "racecert certify --worker-cmd {command:?} --seed {}",
+                search.seed
+            );
+            report.schedule_file = file_path;
+            for timeout in &found.shrunk.timeouts {
+                report
+                    .timeline
+                    .push_str(&format!("held worker timed out: {timeout}\n"));
+            }
+            Some(report)
+        }
+    };
+    let last = found
+        .as_ref()
+        .map(|f| f.shrunk.clone())
+        .or(report.last.clone());
+    let outputs = last.map(|o| o.outputs).unwrap_or_default();
+    let held = found.is_none();
+    if report.cases == 0 {
+        let signal = crate::interrupt::requested().unwrap_or(2);
+        return Err(Error::Interrupted(crate::interrupt::name(signal)));
+    }
+    Ok((
+        SuiteOutcome {
+            name: "external-wire".into(),
+            path: command.to_owned(),
+            defects: defects.iter().map(|d| d.name().to_owned()).collect(),
+            seed: search.seed,
+            cases_run: report.cases,
+            elapsed_ms: report.elapsed.as_millis() as u64,
+            held,
+            expect_pass: true,
+            not_covered: Vec::new(),
+            // Wire schedules hold round trips at racecert's own proxy: always recorded.
+            not_judged: Vec::new(),
+            coverage: Vec::new(),
+            counterexample,
+            error: None,
+            worker_outputs: outputs,
+        },
+        report,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,6 +22,7 @@ mod proxy_faults;
 mod replay;
 mod restart;
 mod wire;
+mod wire_schedules;
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use racecert::env::{TestBed, TestBedBuilder, reaper};
@@ -79,6 +80,7 @@ fn main() -> std::process::ExitCode {
         cleanup::tests(),
         cli::tests(),
         wire::tests(),
+        wire_schedules::tests(),
     ]
     .into_iter()
     .flatten()

@@ -1,0 +1,176 @@
+//! Wire schedules benchmark (issue 13): how many wire schedules per second the Python example
+//! worker runs at, and, per defect of the Python example, how soon wire schedules find it against
+//! the free-running chaos fleet given the same time.
+//!
+//! `cargo bench --bench wire [-- [LAST [FIRST]] [FLAG..] [--no-rate]]`: seeds FIRST..=LAST (1..=10 by
+//! default), only the defects whose flag is given (`unfenced`, `read-then-write`), without part 1
+//! with `--no-rate`. It prints numbers and asserts nothing:
+//! 1. wire schedules per second of the safe Python worker (depth-2 enumeration, then PCT), on
+//!    processes kept from case to case;
+//! 2. per defect (`--read-then-write`, `--unfenced`) and seed: cases and seconds to the first
+//!    failing wire case, the shrunk schedule's length, and whether its file replays with the same
+//!    violation 10 times out of 10;
+//! 3. the chaos fleet (`certify --worker-cmd` without wire schedules) on the same defect and seeds,
+//!    one fleet run each (a run takes longer than the wire search's whole time to a failure).
+
+use racecert::env::TestBed;
+use racecert::schedule::fleet::{FleetSettings, run_fleet};
+use racecert::schedule::wire::{WireScheduleFile, WireSearch, WireSettings, run_wire, search};
+use std::time::{Duration, Instant};
+
+fn names(case: &racecert::schedule::controlled::CaseResult) -> Vec<String> {
+    let mut names: Vec<String> = case
+        .violations
+        .iter()
+        .map(|v| v.invariant.name().to_owned())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// What to run: seeds, defects (flags of the example), whether to measure the rate.
+struct Plan {
+    seeds: std::ops::RangeInclusive<u64>,
+    flags: Vec<&'static str>,
+    rate: bool,
+}
+
+async fn run(bed: &TestBed, plan: Plan) -> anyhow::Result<()> {
+    let requirements = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/python-worker/requirements.txt");
+    let venv = racecert::env::python::Venv::ensure(&requirements)?;
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/python-worker/worker.py"
+    );
+    let python = format!("{} {script}", venv.python().display());
+
+    if plan.rate {
+        rate(bed, &python).await?;
+    }
+    table(bed, &python, &plan).await
+}
+
+async fn rate(bed: &TestBed, python: &str) -> anyhow::Result<()> {
+    println!("\n## 1. wire schedules per second, safe Python worker (2 workers, 1 request)");
+    let settings = WireSettings::pair(python);
+    let mut plan = WireSearch::default_for(1);
+    plan.cases = 60;
+    plan.budget = Duration::from_secs(300);
+    let started = Instant::now();
+    let report = search(bed, &settings, &plan, |_| {}).await?;
+    let wall = started.elapsed();
+    println!(
+        "{} cases in {:.1} s (search {:.1} s, with process start): {:.1} schedules/s; failures: {}",
+        report.cases,
+        wall.as_secs_f64(),
+        report.elapsed.as_secs_f64(),
+        f64::from(report.cases) / report.elapsed.as_secs_f64(),
+        report.found.is_some()
+    );
+    Ok(())
+}
+
+async fn table(bed: &TestBed, python: &str, plan: &Plan) -> anyhow::Result<()> {
+    println!("\n## 2./3. time to the first failure per defect: wire schedules vs chaos fleet");
+    println!(
+        "| defect | seed | wire: cases | wire: s to failure | shrunk steps | replays same | invariants | fleet (1 run): found | fleet s |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let dir = std::env::temp_dir().join(format!("racecert-wire-bench-{}", std::process::id()));
+    for flag in &plan.flags {
+        let command = format!("{python} {flag}");
+        let settings = WireSettings::pair(&command);
+        for seed in plan.seeds.clone() {
+            let report = search(bed, &settings, &WireSearch::default_for(seed), |_| {}).await?;
+            let (cases, after, steps, same, broke) = match &report.found {
+                None => (report.cases, None, 0, 0, Vec::new()),
+                Some(found) => {
+                    let path = dir.join(format!("{}-{seed}.json", flag.trim_start_matches('-')));
+                    WireScheduleFile::of(&settings, &found.shrunk).write(&path)?;
+                    let file = WireScheduleFile::read(&path)?;
+                    let broke = names(&found.shrunk.case);
+                    let mut same = 0;
+                    for _ in 0..10 {
+                        let again = run_wire(
+                            bed,
+                            &file.settings(&command),
+                            &file.schedule,
+                            Some(&file.trace),
+                        )
+                        .await?;
+                        if again.divergence.is_none() && names(&again.case) == broke {
+                            same += 1;
+                        } else {
+                            eprintln!(
+                                "replay of {flag} seed {seed} differed: {:?} {:?}; notes {:?}",
+                                again.divergence,
+                                names(&again.case),
+                                again.notes
+                            );
+                        }
+                    }
+                    (
+                        found.case,
+                        Some(found.after),
+                        found.shrunk.schedule.steps.len(),
+                        same,
+                        broke,
+                    )
+                }
+            };
+            let fleet_started = Instant::now();
+            let mut fleet = FleetSettings::mixed_fleet(&command, seed);
+            fleet.defects = racecert::contract::defect::Defects::none();
+            let result = run_fleet(bed, &fleet).await?;
+            let fleet_found = names(&result.case);
+            println!(
+                "| {flag} | {seed} | {cases} | {} | {steps} | {same}/10 | {} | {} | {:.1} |",
+                after
+                    .map(|a| format!("{:.1}", a.as_secs_f64()))
+                    .unwrap_or_else(|| "not found".into()),
+                broke.join(", "),
+                if fleet_found.is_empty() {
+                    "no".to_owned()
+                } else {
+                    fleet_found.join(", ")
+                },
+                fleet_started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let numbers: Vec<u64> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    let last = numbers.first().copied().unwrap_or(10);
+    let first = numbers.get(1).copied().unwrap_or(1);
+    let mut flags: Vec<&'static str> = ["--read-then-write", "--unfenced"]
+        .into_iter()
+        .filter(|f| args.iter().any(|a| a == f.trim_start_matches('-')))
+        .collect();
+    if flags.is_empty() {
+        flags = vec!["--read-then-write", "--unfenced"];
+    }
+    let plan = Plan {
+        seeds: first..=last,
+        flags,
+        rate: !args.iter().any(|a| a == "--no-rate"),
+    };
+    println!("$ cargo bench --bench wire");
+    let started = Instant::now();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let bed = rt.block_on(TestBed::builder().start())?;
+    println!("test bed up in {:.2?}", bed.startup_time());
+    let outcome = rt.block_on(run(&bed, plan));
+    rt.block_on(bed.shutdown());
+    outcome?;
+    println!("\ntotal {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}

@@ -1,0 +1,154 @@
+//! Wire schedules (issue 13): worker processes interleaved at their round trips, with no change to
+//! the workers. A Python worker whose final transition is a read then a write is caught, shrunk
+//! and replayed from its file; the safe Python worker and `racecert worker` pass; the seed's race
+//! (an unfenced final write) is found the same way.
+
+use racecert::contract::defect::Defects;
+use racecert::env::TestBed;
+use racecert::schedule::wire::{WireScheduleFile, WireSearch, WireSettings, run_wire, search};
+
+crate::tests!(
+    the_read_then_write_variant_is_caught_shrunk_and_replayed_from_its_file,
+    the_safe_python_worker_and_the_reference_worker_pass_wire_schedules,
+    the_seeds_unfenced_write_is_found_through_wire_schedules,
+);
+
+async fn python_command() -> anyhow::Result<String> {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/python-worker/worker.py"
+    );
+    let requirements = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/python-worker/requirements.txt");
+    let venv =
+        tokio::task::spawn_blocking(move || racecert::env::python::Venv::ensure(&requirements))
+            .await??;
+    Ok(format!("{} {script}", venv.python().display()))
+}
+
+fn names(outcome: &racecert::schedule::wire::WireOutcome) -> Vec<String> {
+    let mut names: Vec<String> = outcome
+        .case
+        .violations
+        .iter()
+        .map(|v| v.invariant.name().to_owned())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Seeds the test runs (the benchmark runs ten: BENCHMARKS.md).
+const SEEDS: std::ops::RangeInclusive<u64> = 1..=3;
+
+async fn the_read_then_write_variant_is_caught_shrunk_and_replayed_from_its_file(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let _shared = bed.shared().await;
+    let command = format!("{} --read-then-write", python_command().await?);
+    let settings = WireSettings::pair(&command);
+    let dir = std::env::temp_dir().join(format!("racecert-wire-test-{}", std::process::id()));
+    for seed in SEEDS {
+        let report = search(bed, &settings, &WireSearch::default_for(seed), |_| {}).await?;
+        let found = report.found.ok_or_else(|| {
+            anyhow::anyhow!(
+                "seed {seed}: not caught in {} wire cases ({:.1?})",
+                report.cases,
+                report.elapsed
+            )
+        })?;
+        let broke = names(&found.shrunk);
+        anyhow::ensure!(
+            broke
+                .iter()
+                .any(|n| n == "at-most-one-final-write" || n == "generations-increase"),
+            "seed {seed}: broke {broke:?}"
+        );
+        anyhow::ensure!(
+            found.shrunk.schedule.steps.len() <= 8,
+            "seed {seed}: shrunk to {} steps:\n{}",
+            found.shrunk.schedule.steps.len(),
+            found.shrunk.schedule
+        );
+        let path = dir.join(format!("seed-{seed}.json"));
+        WireScheduleFile::of(&settings, &found.shrunk).write(&path)?;
+        let file = WireScheduleFile::read(&path)?;
+        for replay in 1..=2 {
+            let again = run_wire(
+                bed,
+                &file.settings(&command),
+                &file.schedule,
+                Some(&file.trace),
+            )
+            .await?;
+            anyhow::ensure!(
+                again.divergence.is_none(),
+                "seed {seed} replay {replay}: {}",
+                again.text("replay")
+            );
+            anyhow::ensure!(
+                names(&again) == broke,
+                "seed {seed} replay {replay}: broke {:?}, the file says {broke:?}\n{}",
+                names(&again),
+                again.text("replay")
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
+
+async fn the_safe_python_worker_and_the_reference_worker_pass_wire_schedules(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let _shared = bed.shared().await;
+    let reference = format!("{} worker", env!("CARGO_BIN_EXE_racecert"));
+    for command in [python_command().await?, reference] {
+        let settings = WireSettings::pair(&command);
+        let mut plan = WireSearch::default_for(7);
+        plan.cases = 20;
+        plan.budget = std::time::Duration::from_secs(600);
+        let report = search(bed, &settings, &plan, |_| {}).await?;
+        if let Some(found) = &report.found {
+            anyhow::bail!("{command} must pass:\n{}", found.shrunk.text("failed case"));
+        }
+        anyhow::ensure!(report.cases == 20, "{command}: {} cases", report.cases);
+        // The cases did interleave the workers at their round trips, and no hold outlasted a
+        // worker's patience.
+        let last = report
+            .last
+            .ok_or_else(|| anyhow::anyhow!("{command}: no case"))?;
+        anyhow::ensure!(
+            last.trace.iter().flatten().count() >= 8 && last.divergence.is_none(),
+            "{command}: the last case released too little:\n{}",
+            last.text("last case")
+        );
+        anyhow::ensure!(
+            report.timeouts == 0,
+            "{command}: {} case(s) with a held worker that timed out",
+            report.timeouts
+        );
+    }
+    Ok(())
+}
+
+async fn the_seeds_unfenced_write_is_found_through_wire_schedules(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let _shared = bed.shared().await;
+    let command = format!("{} --unfenced", python_command().await?);
+    let mut settings = WireSettings::pair(&command);
+    settings.defects = Defects::none();
+    let report = search(bed, &settings, &WireSearch::default_for(1), |_| {}).await?;
+    let found = report
+        .found
+        .ok_or_else(|| anyhow::anyhow!("not found in {} wire cases", report.cases))?;
+    let broke = names(&found.shrunk);
+    anyhow::ensure!(
+        broke
+            .iter()
+            .any(|n| n == "at-most-one-final-write" || n == "generations-increase"),
+        "broke {broke:?}"
+    );
+    Ok(())
+}
