@@ -22,6 +22,8 @@
 //! - [`suite`]: suite files and the certify runner.
 //! - [`report`]: terminal, JSON, JUnit XML and HTML/SVG reports.
 //! - [`replay`]: incident logs -> reconstruction, diagnosis, a schedule that replays the race.
+//! - [`system`]: system descriptions (TOML file or Rust builder) of workers racecert did not
+//!   write, and the framework presets (Celery, apalis).
 //! - [`smoke`]: the smoke scenario behind `racecert smoke`.
 //! - [`error`]: the library error type.
 //!
@@ -54,6 +56,7 @@ pub mod report;
 pub mod schedule;
 pub mod smoke;
 pub mod suite;
+pub mod system;
 
 pub use error::{Error, Result};
 

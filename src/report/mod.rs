@@ -4,6 +4,7 @@
 //! backend), faults and violating writes marked.
 
 mod svg;
+pub mod system;
 
 use crate::check::Violation;
 use crate::check::coverage::Coverage;

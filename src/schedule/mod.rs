@@ -15,6 +15,7 @@ pub mod explore;
 pub mod file;
 pub mod fleet;
 pub mod plane;
+pub mod system;
 
 use crate::contract::checkpoint::Checkpoint;
 pub use crate::contract::worker::WorkerSpec;

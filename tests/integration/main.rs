@@ -21,6 +21,7 @@ mod pipeline;
 mod proxy_faults;
 mod replay;
 mod restart;
+mod systems;
 mod wire;
 
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -79,6 +80,7 @@ fn main() -> std::process::ExitCode {
         cleanup::tests(),
         cli::tests(),
         wire::tests(),
+        systems::tests(),
     ]
     .into_iter()
     .flatten()
