@@ -278,6 +278,8 @@ type Wire = Arc<Mutex<Vec<(i64, WireEvent)>>>;
 struct Worker {
     id: String,
     version: String,
+    /// The start command, placeholders filled.
+    command: String,
     env: Vec<(String, String)>,
     links: CaseLinks,
     child: Option<Child>,
@@ -299,7 +301,6 @@ impl Worker {
 /// The running system: its workers and what they printed and sent.
 struct Fleet<'a> {
     system: &'a System,
-    command: String,
     ready: Option<String>,
     workers: Vec<Worker>,
     lines: Lines,
@@ -320,7 +321,7 @@ impl Fleet<'_> {
         let mut command = Command::new("sh");
         command
             .arg("-c")
-            .arg(format!("exec {}", self.command))
+            .arg(format!("exec {}", worker.command))
             .current_dir(&self.system.start.workdir)
             .env_clear()
             .envs(
@@ -339,7 +340,7 @@ impl Fleet<'_> {
                 format!(
                     "{}: start `{}` in {}",
                     self.system.place("start.command"),
-                    self.command,
+                    worker.command,
                     self.system.start.workdir.display()
                 ),
                 err,
@@ -380,6 +381,7 @@ impl Fleet<'_> {
             )
         });
         let id = worker.id.clone();
+        let shown = worker.command.clone();
         loop {
             let seen = match &ready {
                 Some(ready) => self
@@ -409,7 +411,7 @@ impl Fleet<'_> {
                 return Err(Error::Config(format!(
                     "{}: worker {id} `{}` exited ({status}) before it was ready{}; its output:\n{}",
                     self.system.place("start.command"),
-                    self.command,
+                    shown,
                     ready
                         .as_ref()
                         .map(|r| format!(" (no line containing {r:?})"))
@@ -421,7 +423,7 @@ impl Fleet<'_> {
                 return Err(Error::Config(format!(
                     "{}: worker {id} `{}` was not ready within {:?}{}; its output:\n{}",
                     self.system.place("start.command"),
-                    self.command,
+                    shown,
                     self.deadline,
                     ready
                         .as_ref()
@@ -667,8 +669,10 @@ async fn run_with_backends(
             .iter()
             .map(|(k, v)| (k.clone(), fill(v, &values)))
             .collect();
+        let command = fill(&system.start.command, &values);
         workers.push(Worker {
             id,
+            command,
             version: version.clone(),
             env,
             links,
@@ -696,7 +700,6 @@ async fn run_with_backends(
     }
     let mut fleet = Fleet {
         system,
-        command: fill(&system.start.command, &[("venv", venv)]),
         ready: system.start.ready.clone(),
         workers,
         lines: lines.clone(),
