@@ -291,6 +291,17 @@ impl Worker {
         self.child.as_ref().and_then(|c| c.id()).map(|p| p as i32)
     }
 
+    /// The worker's main process: the child itself when the command was exec'ed, else the
+    /// shell's first child.
+    fn main_pid(&self) -> Option<i32> {
+        let pid = self.pid()?;
+        if simple_command(&self.command) {
+            Some(pid)
+        } else {
+            children_of(pid).into_iter().min().or(Some(pid))
+        }
+    }
+
     fn signal_group(&self, signal: Signal) {
         if let Some(pid) = self.pid() {
             let _ = kill(Pid::from_raw(-pid), signal);
@@ -321,7 +332,13 @@ impl Fleet<'_> {
         let mut command = Command::new("sh");
         command
             .arg("-c")
-            .arg(format!("exec {}", worker.command))
+            // A simple command is exec'ed, so the child is the worker itself (its pool children
+            // are the child's); a compound one runs as written.
+            .arg(if simple_command(&worker.command) {
+                format!("exec {}", worker.command)
+            } else {
+                worker.command.clone()
+            })
             .current_dir(&self.system.start.workdir)
             .env_clear()
             .envs(
@@ -480,6 +497,11 @@ impl Fleet<'_> {
             .as_mut()
             .is_none_or(|c| c.try_wait().ok().flatten().is_some())
     }
+}
+
+/// A command `exec` can replace the shell with: no list, pipe or subshell.
+fn simple_command(command: &str) -> bool {
+    !command.contains([';', '&', '|', '\n', '(', '`'])
 }
 
 /// The children of process `pid` (from /proc).
@@ -1139,6 +1161,7 @@ async fn run_case(
         drop(slow_guards);
         return judge(ctx, number, fault, request_id).await;
     };
+    let call_started = Instant::now();
     let taker_id = ctx.fleet.workers[taker].id.clone();
     let taker_version = ctx.fleet.workers[taker].version.clone();
     let other = (taker + 1) % ctx.fleet.workers.len();
@@ -1185,7 +1208,7 @@ async fn run_case(
             }
         }
         SystemFault::KillPoolChild => {
-            let main = ctx.fleet.workers[taker].pid();
+            let main = ctx.fleet.workers[taker].main_pid();
             let children = main.map(children_of).unwrap_or_default();
             for child in &children {
                 let _ = kill(Pid::from_raw(*child), Signal::SIGKILL);
@@ -1224,7 +1247,7 @@ async fn run_case(
             );
         }
         SystemFault::WarmShutdown => {
-            if let Some(pid) = ctx.fleet.workers[taker].pid() {
+            if let Some(pid) = ctx.fleet.workers[taker].main_pid() {
                 let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
             }
             ctx.note(
@@ -1270,7 +1293,7 @@ async fn run_case(
         }
     }
     // The first attempt's model call may still be running: wait it out, then drain.
-    let done_by = Instant::now() + slow + Duration::from_millis(500);
+    let done_by = call_started + slow + Duration::from_millis(500);
     drop(slow_guards);
     drain(ctx, done_by, vt.max(orphan)).await?;
     judge(ctx, number, fault, request_id).await
@@ -1646,6 +1669,15 @@ pub fn replay_command(file: &Path, seed: u64, number: u32, fault: SystemFault) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_simple_commands_are_execed() {
+        assert!(simple_command(
+            "/v/bin/celery -A tasks worker -n a@racecert"
+        ));
+        assert!(!simple_command("echo boom >&2; exit 3"));
+        assert!(!simple_command("build && run"));
+    }
 
     #[test]
     fn paths_are_replaced_and_queries_kept() {
