@@ -282,6 +282,8 @@ struct Worker {
     command: String,
     env: Vec<(String, String)>,
     links: CaseLinks,
+    /// Its model's URL (its own proxy).
+    model_url: String,
     child: Option<Child>,
     starts: u32,
 }
@@ -536,6 +538,40 @@ fn with_path(url: &str, path: &str) -> String {
     format!("{scheme}://{}/{path}{query}", &rest[..authority_end])
 }
 
+/// Links of a worker's own (Redis and Postgres proxies), every round trip recorded as its.
+async fn open_links(bed: &TestBed, wire: &Wire, id: &str) -> Result<CaseLinks> {
+    let links = bed.links(false, true).await?;
+    let sink = wire.clone();
+    links.record(
+        id,
+        Arc::new(move |event: WireEvent| {
+            sink.lock().expect("poisoned").push((now_ms(), event));
+        }),
+    );
+    Ok(links)
+}
+
+/// Fills a worker's command and environment from the file's placeholders and its links.
+fn configure(system: &System, worker: &mut Worker, redis_db: u64, database: &str, venv: &str) {
+    let redis_url = with_path(worker.links.redis_url(), &redis_db.to_string());
+    let database_url = with_path(worker.links.database_url(), database);
+    let values = [
+        ("worker_id", worker.id.as_str()),
+        ("model_version", worker.version.as_str()),
+        ("redis_url", redis_url.as_str()),
+        ("database_url", database_url.as_str()),
+        ("model_url", worker.model_url.as_str()),
+        ("venv", venv),
+    ];
+    worker.env = system
+        .start
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), fill(v, &values)))
+        .collect();
+    worker.command = fill(&system.start.command, &values);
+}
+
 /// Runs a system against `bed` and judges every case from the audit trail.
 pub async fn run_system(
     bed: &TestBed,
@@ -659,14 +695,7 @@ async fn run_with_backends(
     let mut workers = Vec::new();
     for (i, (version, _)) in system.versions.iter().enumerate() {
         let id = format!("worker-{}", (b'a' + i as u8) as char);
-        let links = bed.links(false, true).await?;
-        let sink = wire.clone();
-        links.record(
-            &id,
-            Arc::new(move |event: WireEvent| {
-                sink.lock().expect("poisoned").push((now_ms(), event));
-            }),
-        );
+        let links = open_links(bed, &wire, &id).await?;
         // The worker's own proxy in front of its version's model.
         let proxy_name = format!("{}-sys{run}-{id}-model", bed.id());
         let proxy = bed
@@ -675,32 +704,18 @@ async fn run_with_backends(
             .await?;
         model_proxies.push(proxy_name);
         let model_url = format!("http://{}", proxy.listen());
-        let redis_url = with_path(links.redis_url(), &redis_db.to_string());
-        let database_url = with_path(links.database_url(), database);
-        let values = [
-            ("worker_id", id.as_str()),
-            ("model_version", version.as_str()),
-            ("redis_url", redis_url.as_str()),
-            ("database_url", database_url.as_str()),
-            ("model_url", model_url.as_str()),
-            ("venv", venv),
-        ];
-        let env = system
-            .start
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), fill(v, &values)))
-            .collect();
-        let command = fill(&system.start.command, &values);
-        workers.push(Worker {
+        let mut worker = Worker {
             id,
-            command,
+            command: String::new(),
             version: version.clone(),
-            env,
+            env: Vec::new(),
             links,
+            model_url,
             child: None,
             starts: 0,
-        });
+        };
+        configure(system, &mut worker, redis_db, database, venv);
+        workers.push(worker);
     }
     if let Some(setup) = &system.start.setup {
         let output = Command::new("sh")
@@ -766,6 +781,10 @@ async fn run_with_backends(
                 faults[(number as usize - 1) % faults.len()]
             };
             let mut ctx = CaseCtx {
+                bed,
+                redis_db,
+                database: database.to_owned(),
+                venv: venv.to_owned(),
                 backends,
                 system,
                 fleet: &mut fleet,
@@ -890,6 +909,10 @@ async fn prepare_results(pg: &mut PgConnection, system: &System) -> Result<()> {
 
 /// What a case works with.
 struct CaseCtx<'a, 'f> {
+    bed: &'a TestBed,
+    redis_db: u64,
+    database: String,
+    venv: String,
     backends: &'a [ModelBackend],
     system: &'a System,
     fleet: &'a mut Fleet<'f>,
@@ -942,8 +965,39 @@ impl CaseCtx<'_, '_> {
         let id = self.fleet.workers[index].id.clone();
         let proxy = &self.fleet.workers[index].links.redis;
         proxy.disable().await?;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        proxy.enable().await?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut enabled = proxy.enable().await;
+        for _ in 0..5 {
+            if enabled.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            enabled = proxy.enable().await;
+        }
+        if let Err(err) = enabled {
+            // The listener's port was taken while it was closed (another process on this
+            // machine bound it): the worker gets new links and a restart, whose start runs the
+            // same restore sweep.
+            self.note(
+                &id,
+                "redis",
+                format!("its proxy could not listen again ({err}): new links, restart"),
+                "fault",
+            );
+            self.fleet.stop(index, Duration::from_secs(5)).await;
+            let links = open_links(self.bed, &self.fleet.wire, &id).await?;
+            let worker = &mut self.fleet.workers[index];
+            worker.links = links;
+            configure(
+                self.system,
+                worker,
+                self.redis_db,
+                &self.database,
+                &self.venv,
+            );
+            self.fleet.start(index).await?;
+            return Ok(());
+        }
         self.note(
             &id,
             "redis",

@@ -841,6 +841,65 @@ mod tests {
         assert!(err.contains("needs an [apalis] table"), "{err}");
     }
 
+    /// The Celery example's `naive.toml`, written with the builder: the same description.
+    #[test]
+    fn the_builder_describes_what_the_file_does() {
+        let file = System::load(&example("examples/celery-worker/naive.toml")).unwrap();
+        let dir = example("examples/celery-worker");
+        let mut builder = System::builder("celery-naive", Framework::Celery)
+            .command(&file.start.command, dir.join("."))
+            .requirements(dir.join("requirements.txt"))
+            .ready("{worker_id}@racecert ready.")
+            .version("v1", "model-backend-A")
+            .version("v2", "model-backend-B")
+            .submit_task(
+                "tasks.infer_naive",
+                &[("request_id", "{request_id}"), ("input", "{input}")],
+                "celery",
+            )
+            .results(Results {
+                table: "inference_results".into(),
+                key: "request_id".into(),
+                status: "status".into(),
+                terminal: vec!["SUCCEEDED".into(), "FAILED".into()],
+                output: "output".into(),
+                version: Some("model_version".into()),
+                schema: Some(dir.join("schema.sql")),
+            })
+            .model(ModelApi::OpenaiCompletions, "inference-model")
+            .celery(CeleryOptions {
+                visibility_timeout_s: 5.0,
+                acks_late: true,
+                prefetch_multiplier: 1,
+                reject_on_worker_lost: false,
+            })
+            .model_timeout(Duration::from_secs(30));
+        for (name, value) in &file.start.env {
+            builder = builder.env(name, value);
+        }
+        let built = builder.build().unwrap();
+        assert_eq!(built.start, file.start);
+        assert_eq!(built.versions, file.versions);
+        assert_eq!(built.submit, file.submit);
+        assert_eq!(built.results, file.results);
+        assert_eq!(
+            (
+                &built.model,
+                &built.model_name,
+                &built.celery,
+                built.model_timeout
+            ),
+            (
+                &file.model,
+                &file.model_name,
+                &file.celery,
+                file.model_timeout
+            )
+        );
+        assert_eq!(built.source, None);
+        assert!(built.place("results.output").contains("celery-naive"));
+    }
+
     #[test]
     fn placeholders_fill_and_unknown_ones_are_found() {
         assert_eq!(
