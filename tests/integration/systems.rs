@@ -13,6 +13,7 @@ crate::tests!(
     celery_naive_is_caught_by_restores_and_a_pool_child_kill,
     celery_fenced_passes_every_celery_fault,
     system_files_that_cannot_work_fail_naming_the_place,
+    apalis_naive_is_caught_by_missed_heartbeats_and_fenced_passes,
 );
 
 fn example(file: &str) -> PathBuf {
@@ -198,6 +199,44 @@ async fn system_files_that_cannot_work_fail_naming_the_place(bed: &TestBed) -> a
         err.contains("no worker consumed request")
             && err.contains("the queue \"celery\" holds 1 message(s)"),
         "{err}"
+    );
+    Ok(())
+}
+
+/// apalis: a worker stopped mid-call past its heartbeat deadline has its job requeued and run by
+/// the other worker; when it resumes, the naive handler writes too. A crash followed by a restart
+/// under the same worker name strands the job (the new process heartbeats for the old one's
+/// name). The fenced handler (epoch fence, a name per process) passes both. The example builds
+/// itself through the file's `setup` (its own Cargo.lock and target directory).
+async fn apalis_naive_is_caught_by_missed_heartbeats_and_fenced_passes(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let faults = [SystemFault::HeartbeatMiss, SystemFault::KillMain];
+    let mut naive_settings = settings(&faults);
+    // The first start may build the example (setup is not counted, start-up is).
+    naive_settings.startup_deadline = Duration::from_secs(120);
+    let naive = System::load(&example("apalis-worker/naive.toml"))?;
+    let outcome = run_system(bed, &naive, &naive_settings).await?;
+    let text = summary(&outcome);
+    let invariants = |n: usize| -> Vec<&str> {
+        outcome.cases[n]
+            .violations
+            .iter()
+            .map(|v| v.invariant.as_str())
+            .collect()
+    };
+    anyhow::ensure!(
+        outcome.cases.len() == 2
+            && invariants(0) == ["at-most-one-final-write"]
+            && invariants(1) == ["no-lost-job"],
+        "naive: two final writes after missed heartbeats, a lost job after a same-name restart:\n{text}"
+    );
+    let fenced = System::load(&example("apalis-worker/fenced.toml"))?;
+    let outcome = run_system(bed, &fenced, &naive_settings).await?;
+    let text = summary(&outcome);
+    anyhow::ensure!(
+        outcome.passed() && outcome.cases.len() == 2 && outcome.cases[0].model_calls == 2,
+        "fenced: passes, the requeued job ran twice and wrote once:\n{text}"
     );
     Ok(())
 }
