@@ -718,11 +718,27 @@ async fn run_with_backends(
         workers.push(worker);
     }
     if let Some(setup) = &system.start.setup {
+        // The caller's tool set-up only, none of the workers' variables nor racecert's own (a
+        // build must not see the run's DATABASE_URL: sqlx's macros would check their queries
+        // against the empty test database; nor cargo's variables of an enclosing `cargo test`,
+        // which would make the team's build start over).
         let output = Command::new("sh")
             .arg("-c")
             .arg(setup)
             .current_dir(&system.start.workdir)
-            .envs(workers[0].env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env_clear()
+            .envs(
+                [
+                    "PATH",
+                    "HOME",
+                    "LANG",
+                    "CARGO_HOME",
+                    "RUSTUP_HOME",
+                    "TMPDIR",
+                ]
+                .iter()
+                .filter_map(|k| std::env::var(k).ok().map(|v| (*k, v))),
+            )
             .output()
             .await
             .map_err(|err| Error::io(format!("setup `{setup}`"), err))?;
@@ -1333,17 +1349,30 @@ async fn run_case(
             // Until the other worker ran the requeued job (its model call), bounded.
             let paused = Instant::now();
             let other_version = ctx.fleet.workers[other].version.clone();
-            while paused.elapsed() < orphan + Duration::from_secs(10) {
+            // Generous: the requeue runs in the other worker's heartbeat, which a loaded machine
+            // delays well past the deadline.
+            let mut requeued = false;
+            while paused.elapsed() < orphan + Duration::from_secs(30) {
                 let calls = ctx.calls().await?;
                 let total: usize = calls.iter().map(|(_, n)| n).sum();
                 if total > 1 || calls.iter().any(|(v, n)| *v == other_version && *n > 0) {
+                    requeued = true;
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             ctx.fleet.workers[taker].signal_group(Signal::SIGCONT);
-            ctx.note(&taker_id, &taker_id, "SIGCONT", "fault");
+            ctx.note(
+                &taker_id,
+                &taker_id,
+                if requeued {
+                    "SIGCONT (its job ran elsewhere meanwhile)".to_owned()
+                } else {
+                    format!("SIGCONT: no requeue within {:?}", paused.elapsed())
+                },
+                "fault",
+            );
         }
     }
     // The first attempt's model call may still be running: wait it out, then drain.
