@@ -24,6 +24,8 @@
 //!   chaos (free-running, in process), fleet (worker processes); proptest exploration with
 //!   shrinking; schedule files.
 //! - [`report`]: terminal, JSON, JUnit XML and HTML/SVG reports.
+//! - [`system`]: system descriptions (TOML file or Rust builder) of workers racecert did not
+//!   write, and the framework presets (Celery, apalis).
 //! - [`suite`]: suite files and the certify runner.
 //! - [`replay`]: incident logs -> story, diagnoses with their lines, schedules that reproduce them.
 //! - [`smoke`]: the smoke scenario behind `racecert smoke`; [`error`], [`interrupt`]: the error
@@ -98,6 +100,7 @@ pub mod report;
 pub mod schedule;
 pub mod smoke;
 pub mod suite;
+pub mod system;
 
 pub use error::{Error, Result};
 

@@ -15,8 +15,10 @@ use racecert::env::{TestBed, TestBedBuilder, reaper};
 use racecert::report::Report;
 use racecert::schedule::explore::{DEFAULT_CONCURRENCY, ExploreConfig};
 use racecert::schedule::file::ScheduleFile;
+use racecert::schedule::system::{SystemFault, SystemSettings, run_system};
 use racecert::suite::certify::{CertifyOptions, certify, parse_shard, replay_command, shard_of};
 use racecert::suite::file::{self as suite_file, LoadedSuite};
+use racecert::system::System;
 use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -85,6 +87,19 @@ enum Command {
         /// Seconds of wire schedules for --worker-cmd before the fleet runs (0: fleet only).
         #[arg(long, default_value_t = 90, value_name = "SECS")]
         wire_budget: u64,
+        /// Certify a worker racecert did not write, from its system description
+        /// (docs/systems.md): its own framework, tables and model API.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["suites", "shard", "worker_cmd", "defects"])]
+        system: Option<PathBuf>,
+        /// With --system: seconds of cases (start-up not counted).
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+        budget: u64,
+        /// With --system: only these faults (repeatable; default: the framework's own).
+        #[arg(long = "fault", value_name = "NAME", requires = "system")]
+        faults: Vec<SystemFault>,
+        /// With --system: run every case even after a failure.
+        #[arg(long, requires = "system")]
+        keep_going: bool,
     },
     /// Reproduce one case exactly (from its schedule file, or a suite's seed and case number) and
     /// print its timeline; with a suite alone, explore it until a failure.
@@ -116,7 +131,20 @@ enum Command {
     /// cause against the reference worker, with the defect it needs and then safe.
     Replay {
         /// The log file.
-        file: PathBuf,
+        #[arg(required_unless_present = "system")]
+        file: Option<PathBuf>,
+        /// Rerun one case of a system run instead (with --seed and --case, as its report prints).
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["file", "request", "defects"], requires = "case")]
+        system: Option<PathBuf>,
+        /// With --system: the run's seed.
+        #[arg(long, default_value_t = 1, requires = "system")]
+        seed: u64,
+        /// With --system: the case number.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..), requires = "system")]
+        case: Option<u32>,
+        /// With --system: the case's fault (default: the one the seed draws).
+        #[arg(long, value_name = "NAME", requires = "system")]
+        fault: Option<SystemFault>,
         /// Only this request's causes (request id, idempotency key or job id).
         #[arg(long)]
         request: Option<String>,
@@ -588,6 +616,33 @@ async fn run_wire_file(path: &Path, worker_cmd: Option<&str>) -> Result<ExitCode
     Ok(verdict_code(outcome.case.violations.is_empty()))
 }
 
+/// `certify --system` and `replay --system`: a test bed, the system run, its reports.
+async fn system_command(file: &Path, settings: SystemSettings, out: &Path) -> Result<ExitCode> {
+    let system = System::load(file)?;
+    println!(
+        "racecert certify --system {}: {} ({}), up to {} case(s) in {:?}; bringing the test bed up",
+        file.display(),
+        system.name,
+        system.framework.name(),
+        settings.only_case.map_or(settings.cases, |_| 1),
+        settings.budget
+    );
+    let bed = TestBedBuilder::from_env()?.start().await?;
+    let outcome = run_system(&bed, &system, &settings).await;
+    bed.shutdown().await;
+    let outcome = outcome?;
+    std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
+    let json = out.join("system-report.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&outcome)?)
+        .with_context(|| format!("write {}", json.display()))?;
+    let html = out.join("system-report.html");
+    std::fs::write(&html, racecert::report::system::system_html(&outcome, file))
+        .with_context(|| format!("write {}", html.display()))?;
+    print!("{}", racecert::report::system::system_text(&outcome, file));
+    println!("reports: {}, {}", json.display(), html.display());
+    Ok(verdict_code(outcome.passed()))
+}
+
 /// Exit code when nothing in the log could be reconstructed.
 const NOTHING_RECONSTRUCTED: u8 = 2;
 
@@ -769,7 +824,21 @@ async fn run(command: Command, color: bool) -> Result<ExitCode> {
             worker_cmd,
             rounds,
             wire_budget,
+            system,
+            budget,
+            faults,
+            keep_going,
         } => {
+            if let Some(file) = system {
+                let mut settings = SystemSettings::certify(seed.unwrap_or(1));
+                settings.budget = std::time::Duration::from_secs(budget);
+                settings.faults = faults;
+                settings.stop_at_first_failure = !keep_going;
+                if let Some(cases) = cases {
+                    settings.cases = cases;
+                }
+                return system_command(&file, settings, &out).await;
+            }
             let defects = Defects::of(defects);
             if let Some(command) = worker_cmd {
                 return certify_external_command(
@@ -818,10 +887,25 @@ async fn run(command: Command, color: bool) -> Result<ExitCode> {
         }
         Command::Replay {
             file,
+            system,
+            seed,
+            case,
+            fault,
             request,
             defects,
             format,
-        } => replay(&file, request.as_deref(), Defects::of(defects), format).await,
+        } => match (system, file) {
+            (Some(system), _) => {
+                let mut settings = SystemSettings::certify(seed);
+                settings.only_case = case;
+                settings.faults = fault.into_iter().collect();
+                system_command(&system, settings, Path::new("target/racecert")).await
+            }
+            (None, Some(file)) => {
+                replay(&file, request.as_deref(), Defects::of(defects), format).await
+            }
+            (None, None) => unreachable!("clap requires a log file or --system"),
+        },
         Command::Report {
             command: ReportCommand::Merge { inputs, out },
         } => {

@@ -6,8 +6,9 @@
 //! Environments live in a cache directory keyed by the requirements' hash
 //! (`$RACECERT_VENV_DIR`, else `$XDG_CACHE_HOME/racecert/venvs`, else `~/.cache/racecert/venvs`):
 //! a fresh clone on the same machine reuses them, and two processes creating the same one take
-//! turns on a lock file. An environment is built in a scratch directory and renamed into place,
-//! so a half-built one is never used.
+//! turns on a lock file. An environment is built in place (a virtual environment's scripts name
+//! their interpreter by absolute path, so one built elsewhere and renamed cannot run them) and
+//! marked complete last, so a half-built one is never used: it is removed and built again.
 
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -29,7 +30,7 @@ impl Venv {
         std::fs::create_dir_all(&root).map_err(|err| Error::io_at(&root, err))?;
         let dir = root.join(key);
         let venv = Venv { dir: dir.clone() };
-        if venv.python().is_file() {
+        if venv.complete() {
             return Ok(venv);
         }
         let lock_path = root.join(format!("{key}.lock"));
@@ -37,17 +38,23 @@ impl Venv {
             std::fs::File::create(&lock_path).map_err(|err| Error::io_at(&lock_path, err))?;
         lock.lock().map_err(|err| Error::io_at(&lock_path, err))?;
         // Someone else may have built it while we waited for the lock.
-        if venv.python().is_file() {
+        if venv.complete() {
             return Ok(venv);
         }
-        let scratch = root.join(format!("{key}.building-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&scratch);
+        // Half built (an interrupted build, or one from before the marker): start over.
+        let _ = std::fs::remove_dir_all(&dir);
         tracing::info!(requirements = %requirements.display(), venv = %dir.display(), "creating a Python environment");
-        build(&scratch, requirements).inspect_err(|_| {
-            let _ = std::fs::remove_dir_all(&scratch);
+        build(&dir, requirements).inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&dir);
         })?;
-        std::fs::rename(&scratch, &dir).map_err(|err| Error::io_at(&dir, err))?;
+        let marker = dir.join(COMPLETE);
+        std::fs::write(&marker, text).map_err(|err| Error::io_at(&marker, err))?;
         Ok(venv)
+    }
+
+    /// Built to the end (the marker is written last).
+    fn complete(&self) -> bool {
+        self.dir.join(COMPLETE).is_file() && self.python().is_file()
     }
 
     /// Its directory.
@@ -65,6 +72,9 @@ impl Venv {
         self.dir.join("bin").join(name)
     }
 }
+
+/// Written once the environment is fully installed; holds the requirements it was built from.
+const COMPLETE: &str = ".racecert-complete";
 
 fn cache_root() -> Result<PathBuf> {
     let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());

@@ -8,6 +8,7 @@
 //! its own submodule.
 
 mod svg;
+pub mod system;
 
 use crate::check::Violation;
 use crate::check::coverage::Coverage;

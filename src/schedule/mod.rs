@@ -15,6 +15,7 @@ pub mod explore;
 pub mod file;
 pub mod fleet;
 pub mod plane;
+pub mod system;
 pub mod wire;
 
 use crate::contract::checkpoint::Checkpoint;

@@ -21,6 +21,7 @@ mod pipeline;
 mod proxy_faults;
 mod replay;
 mod restart;
+mod systems;
 mod wire;
 mod wire_schedules;
 
@@ -81,6 +82,7 @@ fn main() -> std::process::ExitCode {
         cli::tests(),
         wire::tests(),
         wire_schedules::tests(),
+        systems::tests(),
     ]
     .into_iter()
     .flatten()

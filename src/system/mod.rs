@@ -1,0 +1,912 @@
+//! System descriptions: how a worker racecert did not write is started, fed, observed and faulted
+//! (docs/systems.md). A description comes from a TOML file ([`System::load`], every error naming
+//! `file:line:col`) or from the Rust builder ([`System::builder`], the same checks), so a team can
+//! certify its worker from its own `cargo test` without racecert's queue or table types.
+//!
+//! The framework presets ([`preset`]) know what their framework really does: the message Celery's
+//! Redis transport writes and the keys of its unacked index; the row apalis' Postgres storage
+//! reads. The runner that drives a system's processes with faults is `schedule::system`.
+
+pub mod preset;
+
+use crate::env::backends::ModelApi;
+use crate::{Error, Result};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use toml::Spanned;
+
+/// The framework a worker is written on: how requests are submitted, how redelivery is forced
+/// and observed, which process faults apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Framework {
+    /// Celery 5 with the Redis broker.
+    Celery,
+    /// apalis 1.0 with the Postgres backend.
+    Apalis,
+    /// No preset: submit with a command, process and network faults only.
+    Custom,
+}
+
+impl Framework {
+    /// Its name in a system file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Framework::Celery => "celery",
+            Framework::Apalis => "apalis",
+            Framework::Custom => "custom",
+        }
+    }
+}
+
+/// How one worker process starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Start {
+    /// The command (run with `sh -c`), with placeholders.
+    pub command: String,
+    /// Its working directory.
+    pub workdir: PathBuf,
+    /// A pip requirements file: racecert provisions `{venv}` from it.
+    pub requirements: Option<PathBuf>,
+    /// A command run once before the first worker (a build).
+    pub setup: Option<String>,
+    /// A line (stdout or stderr) meaning "consuming", with placeholders.
+    pub ready: Option<String>,
+    /// The worker's own variables, with placeholders.
+    pub env: BTreeMap<String, String>,
+}
+
+/// How a request enters the system.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Submit {
+    /// The framework preset writes the framework's own message.
+    Preset {
+        /// Celery task name, or apalis job type.
+        task: String,
+        /// Keyword arguments (Celery) or the job's JSON fields (apalis), with placeholders.
+        args: BTreeMap<String, String>,
+        /// Celery queue (default `celery`).
+        queue: String,
+    },
+    /// A command run once per request, with placeholders.
+    Command(String),
+}
+
+/// Where final results land.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Results {
+    /// The table.
+    pub table: String,
+    /// The column identifying the request.
+    pub key: String,
+    /// The status column.
+    pub status: String,
+    /// Values of `status` that are final.
+    pub terminal: Vec<String>,
+    /// The output column.
+    pub output: String,
+    /// The column naming the model version, if any.
+    pub version: Option<String>,
+    /// SQL applied to racecert's test database before the run.
+    pub schema: Option<PathBuf>,
+}
+
+/// Celery preset options: what the app configures and racecert cannot read from a process.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CeleryOptions {
+    /// `broker_transport_options["visibility_timeout"]`, seconds.
+    pub visibility_timeout_s: f64,
+    /// `task_acks_late`.
+    #[serde(default)]
+    pub acks_late: bool,
+    /// `worker_prefetch_multiplier`.
+    #[serde(default = "one")]
+    pub prefetch_multiplier: u32,
+    /// `task_reject_on_worker_lost`.
+    #[serde(default)]
+    pub reject_on_worker_lost: bool,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// apalis preset options.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApalisOptions {
+    /// Only `postgres`.
+    #[serde(default = "postgres")]
+    pub backend: String,
+    /// `apalis_postgres::Config::queue` (the job type).
+    pub queue: String,
+    /// `Config::heartbeat_interval`, seconds.
+    pub heartbeat_s: f64,
+    /// `Config::missed_heartbeats`.
+    pub missed_heartbeats: u32,
+}
+
+fn postgres() -> String {
+    "postgres".into()
+}
+
+/// A place in a system file, for errors: `path:line:col`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Place(pub String);
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A validated system description.
+#[derive(Debug, Clone, PartialEq)]
+pub struct System {
+    /// Shown in reports.
+    pub name: String,
+    /// The preset.
+    pub framework: Framework,
+    /// The file it was read from (None: built in Rust).
+    pub source: Option<PathBuf>,
+    /// How a worker starts.
+    pub start: Start,
+    /// Model versions of the rollout, in order: (version, backend name).
+    pub versions: Vec<(String, String)>,
+    /// How requests are submitted.
+    pub submit: Submit,
+    /// Where results land.
+    pub results: Results,
+    /// The model API the worker calls.
+    pub model: ModelApi,
+    /// The model name the worker sends.
+    pub model_name: String,
+    /// Celery options (framework = celery).
+    pub celery: Option<CeleryOptions>,
+    /// apalis options (framework = apalis).
+    pub apalis: Option<ApalisOptions>,
+    /// How long the worker waits for the model (its own setting).
+    pub model_timeout: Duration,
+    places: BTreeMap<String, Place>,
+}
+
+/// Placeholders each part of a file may use.
+const START_PLACEHOLDERS: &[&str] = &[
+    "worker_id",
+    "model_version",
+    "redis_url",
+    "database_url",
+    "model_url",
+    "venv",
+];
+const SUBMIT_PLACEHOLDERS: &[&str] = &["request_id", "input", "venv", "redis_url", "database_url"];
+
+impl System {
+    /// Reads and checks a system file; every error names `file:line:col`.
+    pub fn load(path: &Path) -> Result<System> {
+        let text = std::fs::read_to_string(path).map_err(|err| Error::io_at(path, err))?;
+        System::parse(&text, path)
+    }
+
+    /// Parses a system file's text; `path` names it in errors and anchors relative paths.
+    pub fn parse(text: &str, path: &Path) -> Result<System> {
+        let at = |span: std::ops::Range<usize>| place(text, path, span.start);
+        let raw: raw::File = toml::from_str(text).map_err(|err| {
+            let where_ = err
+                .span()
+                .map(|span| at(span).0)
+                .unwrap_or_else(|| path.display().to_string());
+            Error::Config(format!("{where_}: {}", err.message()))
+        })?;
+        let dir = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir
+        };
+        let mut places = BTreeMap::new();
+        let mut note = |name: &str, span: std::ops::Range<usize>| {
+            places.insert(name.to_owned(), at(span));
+        };
+        note("start.command", raw.start.command.span());
+        note("results.table", raw.results.table.span());
+        note("results.key", raw.results.key.span());
+        note("results.status", raw.results.status.span());
+        note("results.terminal", raw.results.terminal.span());
+        note("results.output", raw.results.output.span());
+        if let Some(version) = &raw.results.version {
+            note("results.version", version.span());
+        }
+        note("framework", raw.framework.span());
+        note("submit", raw.submit.span());
+        note("model", raw.model.span());
+        let submit = raw.submit.into_inner();
+        let submit = match (submit.task, submit.command) {
+            (Some(task), None) => Submit::Preset {
+                task,
+                args: submit.args,
+                queue: submit.queue.unwrap_or_else(|| "celery".into()),
+            },
+            (None, Some(command)) => Submit::Command(command),
+            _ => {
+                return Err(Error::Config(format!(
+                    "{}: [submit] needs exactly one of `task` (the framework preset) or `command`",
+                    places["submit"]
+                )));
+            }
+        };
+        let model_raw = raw.model.into_inner();
+        let model = match model_raw.api.as_str() {
+            "racecert" => ModelApi::Racecert,
+            "openai-completions" => ModelApi::OpenaiCompletions,
+            "kserve-v2" => ModelApi::KserveV2,
+            "template" => match (model_raw.path, model_raw.input, model_raw.output) {
+                (Some(path), Some(input), Some(output)) => ModelApi::Template {
+                    path,
+                    input,
+                    output,
+                },
+                _ => {
+                    return Err(Error::Config(format!(
+                        "{}: api = \"template\" needs `path`, `input` and `output`",
+                        places["model"]
+                    )));
+                }
+            },
+            other => {
+                return Err(Error::Config(format!(
+                    "{}: unknown model api {other:?} (racecert, openai-completions, kserve-v2, template)",
+                    places["model"]
+                )));
+            }
+        };
+        let workdir = dir.join(raw.start.workdir.unwrap_or_else(|| ".".into()));
+        let system = System {
+            name: raw.name,
+            framework: raw.framework.into_inner(),
+            source: Some(path.to_path_buf()),
+            start: Start {
+                command: raw.start.command.into_inner(),
+                requirements: raw.start.requirements.map(|r| dir.join(r)),
+                setup: raw.start.setup,
+                ready: raw.start.ready,
+                env: raw.start.env,
+                workdir,
+            },
+            versions: raw.versions.into_iter().collect(),
+            submit,
+            results: Results {
+                table: raw.results.table.into_inner(),
+                key: raw.results.key.into_inner(),
+                status: raw.results.status.into_inner(),
+                terminal: raw.results.terminal.into_inner(),
+                output: raw.results.output.into_inner(),
+                version: raw.results.version.map(Spanned::into_inner),
+                schema: raw.results.schema.map(|s| dir.join(s)),
+            },
+            model,
+            model_name: model_raw.name.unwrap_or_else(|| "model".into()),
+            celery: raw.celery,
+            apalis: raw.apalis,
+            model_timeout: Duration::from_millis(raw.timeouts.map_or(30_000, |t| t.model_ms)),
+            places,
+        };
+        system.validate()?;
+        Ok(system)
+    }
+
+    /// Starts a description in Rust: the same checks as a file at [`SystemBuilder::build`].
+    pub fn builder(name: &str, framework: Framework) -> SystemBuilder {
+        SystemBuilder::new(name, framework)
+    }
+
+    /// Where `field` (`results.output`, `start.command`, ...) is written, for errors: the file's
+    /// `path:line:col`, or `system NAME, FIELD` for a description built in Rust.
+    pub fn place(&self, field: &str) -> String {
+        self.places
+            .get(field)
+            .map(|p| p.0.clone())
+            .unwrap_or_else(|| format!("system {:?}, {field}", self.name))
+    }
+
+    /// The Celery options, or an error saying they are missing.
+    pub fn celery(&self) -> Result<&CeleryOptions> {
+        self.celery.as_ref().ok_or_else(|| {
+            Error::Config(format!(
+                "{}: framework = \"celery\" needs a [celery] table (visibility_timeout_s, ...)",
+                self.place("framework")
+            ))
+        })
+    }
+
+    /// The apalis options, or an error saying they are missing.
+    pub fn apalis(&self) -> Result<&ApalisOptions> {
+        self.apalis.as_ref().ok_or_else(|| {
+            Error::Config(format!(
+                "{}: framework = \"apalis\" needs an [apalis] table (queue, heartbeat_s, missed_heartbeats)",
+                self.place("framework")
+            ))
+        })
+    }
+
+    fn validate(&self) -> Result<()> {
+        let fail = |field: &str, message: String| {
+            Err(Error::Config(format!("{}: {message}", self.place(field))))
+        };
+        if self.start.command.trim().is_empty() {
+            return fail("start.command", "the command is empty".into());
+        }
+        if self.versions.is_empty() {
+            return fail(
+                "framework",
+                "[versions] is empty: name at least one model version".into(),
+            );
+        }
+        for (version, _) in &self.versions {
+            if version.is_empty() || version.contains(':') {
+                return fail(
+                    "framework",
+                    format!("version {version:?} must be non-empty and contain no ':'"),
+                );
+            }
+        }
+        if self.results.terminal.is_empty() {
+            return fail(
+                "results.terminal",
+                "`terminal` is empty: list the status values that are final".into(),
+            );
+        }
+        for (field, name) in [
+            ("results.table", &self.results.table),
+            ("results.key", &self.results.key),
+            ("results.status", &self.results.status),
+            ("results.output", &self.results.output),
+        ]
+        .into_iter()
+        .chain(
+            self.results
+                .version
+                .as_ref()
+                .map(|v| ("results.version", v)),
+        ) {
+            if !is_identifier(name) {
+                return fail(
+                    field,
+                    format!("{name:?} is not a plain SQL identifier (letters, digits, _)"),
+                );
+            }
+        }
+        check_placeholders(&self.start.command, START_PLACEHOLDERS)
+            .or_else(|bad| fail("start.command", bad))?;
+        for (name, value) in &self.start.env {
+            check_placeholders(value, START_PLACEHOLDERS)
+                .or_else(|bad| fail("start.command", format!("[start.env] {name}: {bad}")))?;
+        }
+        match &self.submit {
+            Submit::Preset { args, .. } => {
+                if self.framework == Framework::Custom {
+                    return fail(
+                        "submit",
+                        "framework = \"custom\" has no preset: submit with `command`".into(),
+                    );
+                }
+                for (name, value) in args {
+                    check_placeholders(value, SUBMIT_PLACEHOLDERS)
+                        .or_else(|bad| fail("submit", format!("args.{name}: {bad}")))?;
+                }
+            }
+            Submit::Command(command) => check_placeholders(command, SUBMIT_PLACEHOLDERS)
+                .or_else(|bad| fail("submit", bad))?,
+        }
+        match self.framework {
+            Framework::Celery => {
+                let celery = self.celery()?;
+                if celery.visibility_timeout_s <= 0.0 {
+                    return fail(
+                        "framework",
+                        "[celery] visibility_timeout_s must be positive".into(),
+                    );
+                }
+            }
+            Framework::Apalis => {
+                let apalis = self.apalis()?;
+                if apalis.backend != "postgres" {
+                    return fail(
+                        "framework",
+                        format!(
+                            "[apalis] backend {:?}: only \"postgres\" is supported",
+                            apalis.backend
+                        ),
+                    );
+                }
+                if apalis.heartbeat_s <= 0.0 || apalis.missed_heartbeats == 0 {
+                    return fail(
+                        "framework",
+                        "[apalis] heartbeat_s and missed_heartbeats must be positive".into(),
+                    );
+                }
+            }
+            Framework::Custom => {}
+        }
+        Ok(())
+    }
+}
+
+fn is_identifier(name: &str) -> bool {
+    !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+}
+
+/// The `{name}` placeholders of a template.
+fn placeholders(template: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open + 1..];
+        match after.find('}') {
+            Some(close)
+                if after[..close]
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '_')
+                    && close > 0 =>
+            {
+                out.push(&after[..close]);
+                rest = &after[close + 1..];
+            }
+            _ => rest = after,
+        }
+    }
+    out
+}
+
+fn check_placeholders(template: &str, allowed: &[&str]) -> std::result::Result<(), String> {
+    match placeholders(template)
+        .into_iter()
+        .find(|p| !allowed.contains(p))
+    {
+        Some(bad) => Err(format!(
+            "unknown placeholder {{{bad}}} (here: {})",
+            allowed
+                .iter()
+                .map(|p| format!("{{{p}}}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Fills `{name}` placeholders of `template` from `values`; others are left as they are.
+pub fn fill(template: &str, values: &[(&str, &str)]) -> String {
+    let mut out = template.to_owned();
+    for (name, value) in values {
+        out = out.replace(&format!("{{{name}}}"), value);
+    }
+    out
+}
+
+/// `path:line:col` of byte `offset` in `text` (1-based, columns in characters).
+fn place(text: &str, path: &Path, offset: usize) -> Place {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    Place(format!("{}:{line}:{col}", path.display()))
+}
+
+/// The same description in Rust, without a file (racecert as a dev-dependency of the team's
+/// crate). [`SystemBuilder::build`] runs the checks a file gets.
+#[derive(Debug, Clone)]
+pub struct SystemBuilder {
+    system: System,
+}
+
+impl SystemBuilder {
+    fn new(name: &str, framework: Framework) -> SystemBuilder {
+        SystemBuilder {
+            system: System {
+                name: name.to_owned(),
+                framework,
+                source: None,
+                start: Start {
+                    command: String::new(),
+                    workdir: PathBuf::from("."),
+                    requirements: None,
+                    setup: None,
+                    ready: None,
+                    env: BTreeMap::new(),
+                },
+                versions: Vec::new(),
+                submit: Submit::Command(String::new()),
+                results: Results {
+                    table: String::new(),
+                    key: String::new(),
+                    status: String::new(),
+                    terminal: Vec::new(),
+                    output: String::new(),
+                    version: None,
+                    schema: None,
+                },
+                model: ModelApi::Racecert,
+                model_name: "model".into(),
+                celery: None,
+                apalis: None,
+                model_timeout: Duration::from_secs(30),
+                places: BTreeMap::new(),
+            },
+        }
+    }
+
+    /// The command that starts one worker, and its working directory.
+    pub fn command(mut self, command: &str, workdir: impl Into<PathBuf>) -> Self {
+        self.system.start.command = command.to_owned();
+        self.system.start.workdir = workdir.into();
+        self
+    }
+
+    /// A command run once before the first worker (a build).
+    pub fn setup(mut self, command: &str) -> Self {
+        self.system.start.setup = Some(command.to_owned());
+        self
+    }
+
+    /// A pip requirements file for `{venv}`.
+    pub fn requirements(mut self, path: impl Into<PathBuf>) -> Self {
+        self.system.start.requirements = Some(path.into());
+        self
+    }
+
+    /// The line meaning "consuming".
+    pub fn ready(mut self, line: &str) -> Self {
+        self.system.start.ready = Some(line.to_owned());
+        self
+    }
+
+    /// One of the worker's variables and its value (placeholders allowed).
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.system
+            .start
+            .env
+            .insert(name.to_owned(), value.to_owned());
+        self
+    }
+
+    /// A model version of the rollout and its backend's name.
+    pub fn version(mut self, version: &str, backend: &str) -> Self {
+        self.system
+            .versions
+            .push((version.to_owned(), backend.to_owned()));
+        self
+    }
+
+    /// Submission by the framework preset: task / job type and its arguments.
+    pub fn submit_task(mut self, task: &str, args: &[(&str, &str)], queue: &str) -> Self {
+        self.system.submit = Submit::Preset {
+            task: task.to_owned(),
+            args: args
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            queue: queue.to_owned(),
+        };
+        self
+    }
+
+    /// Submission by a command of the team's.
+    pub fn submit_command(mut self, command: &str) -> Self {
+        self.system.submit = Submit::Command(command.to_owned());
+        self
+    }
+
+    /// Where results land.
+    pub fn results(mut self, results: Results) -> Self {
+        self.system.results = results;
+        self
+    }
+
+    /// The model API and model name.
+    pub fn model(mut self, api: ModelApi, name: &str) -> Self {
+        self.system.model = api;
+        self.system.model_name = name.to_owned();
+        self
+    }
+
+    /// Celery preset options.
+    pub fn celery(mut self, options: CeleryOptions) -> Self {
+        self.system.celery = Some(options);
+        self
+    }
+
+    /// apalis preset options.
+    pub fn apalis(mut self, options: ApalisOptions) -> Self {
+        self.system.apalis = Some(options);
+        self
+    }
+
+    /// The worker's own model timeout.
+    pub fn model_timeout(mut self, timeout: Duration) -> Self {
+        self.system.model_timeout = timeout;
+        self
+    }
+
+    /// The checked description.
+    pub fn build(self) -> Result<System> {
+        self.system.validate()?;
+        Ok(self.system)
+    }
+}
+
+/// The file as written (serde), before checks.
+mod raw {
+    use super::{ApalisOptions, CeleryOptions, Framework};
+    use serde::Deserialize;
+    use std::collections::BTreeMap;
+    use toml::Spanned;
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct File {
+        pub name: String,
+        pub framework: Spanned<Framework>,
+        pub start: Start,
+        pub versions: BTreeMap<String, String>,
+        pub submit: Spanned<Submit>,
+        pub results: Results,
+        pub model: Spanned<Model>,
+        #[serde(default)]
+        #[allow(dead_code)]
+        pub keys: Option<Keys>,
+        pub celery: Option<CeleryOptions>,
+        pub apalis: Option<ApalisOptions>,
+        pub timeouts: Option<Timeouts>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct Start {
+        pub command: Spanned<String>,
+        pub workdir: Option<String>,
+        pub requirements: Option<String>,
+        pub setup: Option<String>,
+        pub ready: Option<String>,
+        #[serde(default)]
+        pub env: BTreeMap<String, String>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct Submit {
+        pub task: Option<String>,
+        #[serde(default)]
+        pub args: BTreeMap<String, String>,
+        pub queue: Option<String>,
+        pub command: Option<String>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct Results {
+        pub table: Spanned<String>,
+        pub key: Spanned<String>,
+        pub status: Spanned<String>,
+        pub terminal: Spanned<Vec<String>>,
+        pub output: Spanned<String>,
+        pub version: Option<Spanned<String>>,
+        pub schema: Option<String>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct Model {
+        pub api: String,
+        pub name: Option<String>,
+        pub path: Option<String>,
+        pub input: Option<String>,
+        pub output: Option<String>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct Keys {
+        #[allow(dead_code)]
+        pub lease: Option<String>,
+        #[allow(dead_code)]
+        pub cache: Option<String>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct Timeouts {
+        pub model_ms: u64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(name)
+    }
+
+    #[test]
+    fn the_shipped_examples_load() {
+        for file in [
+            "examples/celery-worker/naive.toml",
+            "examples/celery-worker/fenced.toml",
+            "examples/apalis-worker/naive.toml",
+            "examples/apalis-worker/fenced.toml",
+        ] {
+            let system = System::load(&example(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+            assert_eq!(system.versions.len(), 2, "{file}");
+            assert!(system.results.terminal.contains(&"SUCCEEDED".to_owned()));
+        }
+        let celery = System::load(&example("examples/celery-worker/naive.toml")).unwrap();
+        assert_eq!(celery.framework, Framework::Celery);
+        assert_eq!(celery.model, ModelApi::OpenaiCompletions);
+        assert_eq!(celery.celery().unwrap().visibility_timeout_s, 5.0);
+        assert!(
+            celery
+                .start
+                .requirements
+                .as_ref()
+                .unwrap()
+                .ends_with("examples/celery-worker/requirements.txt")
+        );
+    }
+
+    fn celery_file(results: &str) -> String {
+        format!(
+            "name = \"x\"\nframework = \"celery\"\n[start]\ncommand = \"run {{worker_id}}\"\n\
+             [versions]\nv1 = \"a\"\n[submit]\ntask = \"t\"\n{results}\n\
+             [model]\napi = \"racecert\"\n[celery]\nvisibility_timeout_s = 5\n"
+        )
+    }
+
+    #[test]
+    fn errors_name_file_line_and_column() {
+        let path = Path::new("sys.toml");
+        let text = celery_file(
+            "[results]\ntable = \"t\"\nkey = \"k\"\nstatus = \"s\"\nterminal = []\noutput = \"o\"",
+        );
+        let err = System::parse(&text, path).unwrap_err().to_string();
+        assert!(err.contains("sys.toml:13:12"), "{err}");
+        assert!(err.contains("`terminal` is empty"), "{err}");
+
+        let text = celery_file(
+            "[results]\ntable = \"t\"\nkey = \"k\"\nstatus = \"s\"\nterminal = [\"A\"]\noutput = \"o\"\ncolour = 1",
+        );
+        let err = System::parse(&text, path).unwrap_err().to_string();
+        assert!(err.contains("sys.toml:15:1"), "{err}");
+        assert!(err.contains("colour"), "{err}");
+
+        let text = celery_file(
+            "[results]\ntable = \"t; DROP\"\nkey = \"k\"\nstatus = \"s\"\nterminal = [\"A\"]\noutput = \"o\"",
+        );
+        let err = System::parse(&text, path).unwrap_err().to_string();
+        assert!(err.contains("sys.toml:10:9"), "{err}");
+
+        let text = celery_file(
+            "[results]\ntable = \"t\"\nkey = \"k\"\nstatus = \"s\"\nterminal = [\"A\"]\noutput = \"o\"",
+        )
+        .replace("run {worker_id}", "run {worker}");
+        let err = System::parse(&text, path).unwrap_err().to_string();
+        assert!(err.contains("sys.toml:4:11"), "{err}");
+        assert!(err.contains("unknown placeholder {worker}"), "{err}");
+    }
+
+    #[test]
+    fn the_builder_runs_the_same_checks() {
+        let results = Results {
+            table: "inference_results".into(),
+            key: "request_id".into(),
+            status: "status".into(),
+            terminal: vec!["SUCCEEDED".into()],
+            output: "output".into(),
+            version: None,
+            schema: None,
+        };
+        let built = System::builder("apalis", Framework::Apalis)
+            .command("./target/debug/apalis-worker", ".")
+            .env("WORKER_NAME", "{worker_id}")
+            .version("v1", "model-backend-A")
+            .submit_task("inference", &[("request_id", "{request_id}")], "inference")
+            .results(results.clone())
+            .apalis(ApalisOptions {
+                backend: "postgres".into(),
+                queue: "inference".into(),
+                heartbeat_s: 2.0,
+                missed_heartbeats: 3,
+            })
+            .build()
+            .unwrap();
+        assert_eq!(
+            built.versions,
+            vec![("v1".into(), "model-backend-A".into())]
+        );
+        let err = System::builder("apalis", Framework::Apalis)
+            .command("w", ".")
+            .version("v1", "a")
+            .submit_task("inference", &[], "inference")
+            .results(results)
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("needs an [apalis] table"), "{err}");
+    }
+
+    /// The Celery example's `naive.toml`, written with the builder: the same description.
+    #[test]
+    fn the_builder_describes_what_the_file_does() {
+        let file = System::load(&example("examples/celery-worker/naive.toml")).unwrap();
+        let dir = example("examples/celery-worker");
+        let mut builder = System::builder("celery-naive", Framework::Celery)
+            .command(&file.start.command, dir.join("."))
+            .requirements(dir.join("requirements.txt"))
+            .ready("{worker_id}@racecert ready.")
+            .version("v1", "model-backend-A")
+            .version("v2", "model-backend-B")
+            .submit_task(
+                "tasks.infer_naive",
+                &[("request_id", "{request_id}"), ("input", "{input}")],
+                "celery",
+            )
+            .results(Results {
+                table: "inference_results".into(),
+                key: "request_id".into(),
+                status: "status".into(),
+                terminal: vec!["SUCCEEDED".into(), "FAILED".into()],
+                output: "output".into(),
+                version: Some("model_version".into()),
+                schema: Some(dir.join("schema.sql")),
+            })
+            .model(ModelApi::OpenaiCompletions, "inference-model")
+            .celery(CeleryOptions {
+                visibility_timeout_s: 5.0,
+                acks_late: true,
+                prefetch_multiplier: 1,
+                reject_on_worker_lost: false,
+            })
+            .model_timeout(Duration::from_secs(30));
+        for (name, value) in &file.start.env {
+            builder = builder.env(name, value);
+        }
+        let built = builder.build().unwrap();
+        assert_eq!(built.start, file.start);
+        assert_eq!(built.versions, file.versions);
+        assert_eq!(built.submit, file.submit);
+        assert_eq!(built.results, file.results);
+        assert_eq!(
+            (
+                &built.model,
+                &built.model_name,
+                &built.celery,
+                built.model_timeout
+            ),
+            (
+                &file.model,
+                &file.model_name,
+                &file.celery,
+                file.model_timeout
+            )
+        );
+        assert_eq!(built.source, None);
+        assert!(built.place("results.output").contains("celery-naive"));
+    }
+
+    #[test]
+    fn placeholders_fill_and_unknown_ones_are_found() {
+        assert_eq!(
+            fill("{a}-{b}-{a}", &[("a", "1"), ("b", "2")]),
+            "1-2-1".to_owned()
+        );
+        assert_eq!(placeholders("x {a} {} {B} {c_d}"), vec!["a", "c_d"]);
+        assert!(check_placeholders("{venv}/bin/celery", START_PLACEHOLDERS).is_ok());
+    }
+}

@@ -1,0 +1,225 @@
+//! What each framework really does, as data racecert writes and reads: Celery's message on its
+//! Redis transport and the keys of kombu's unacked index; the row apalis' Postgres storage
+//! fetches; and the audit trigger racecert installs on a team's result table. Facts checked
+//! against the installed versions are in docs/systems.md, sections 4 and 5.
+
+use super::Results;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+/// kombu's Redis transport keys (defaults; `global_keyprefix` empty).
+pub mod celery_keys {
+    /// Hash: delivery tag -> `[message, exchange, routing_key]` of every unacked delivery.
+    pub const UNACKED: &str = "unacked";
+    /// Sorted set: delivery tag scored by its delivery time (Unix seconds).
+    pub const UNACKED_INDEX: &str = "unacked_index";
+}
+
+/// One Celery message (protocol 2) as `apply_async` writes it with the JSON serializer: the
+/// envelope `LPUSH`ed onto the queue's list.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CeleryMessage {
+    /// The task id (`headers.id`).
+    pub task_id: String,
+    /// kombu's delivery tag (`properties.delivery_tag`): the member of `unacked_index`.
+    pub delivery_tag: String,
+    /// The envelope, JSON.
+    pub envelope: String,
+}
+
+/// The message running `task(**kwargs)`, with ids drawn from `ids` (seeded by the caller).
+pub fn celery_message(
+    task: &str,
+    queue: &str,
+    kwargs: &BTreeMap<String, String>,
+    ids: &mut impl FnMut() -> u128,
+) -> CeleryMessage {
+    let task_id = uuid4(ids());
+    let delivery_tag = uuid4(ids());
+    let body = json!([
+        [],
+        kwargs,
+        {"callbacks": null, "errbacks": null, "chain": null, "chord": null}
+    ]);
+    let kwargsrepr = format!(
+        "{{{}}}",
+        kwargs
+            .iter()
+            .map(|(k, v)| format!("'{k}': '{v}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let envelope = json!({
+        "body": base64(body.to_string().as_bytes()),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {
+            "lang": "py", "task": task, "id": task_id, "shadow": null, "eta": null,
+            "expires": null, "group": null, "group_index": null, "retries": 0,
+            "timelimit": [null, null], "root_id": task_id, "parent_id": null,
+            "argsrepr": "()", "kwargsrepr": kwargsrepr, "origin": "racecert",
+            "ignore_result": true, "replaced_task_nesting": 0, "stamped_headers": null,
+            "stamps": {},
+        },
+        "properties": {
+            "correlation_id": task_id,
+            "reply_to": uuid4(ids()),
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": 0,
+            "body_encoding": "base64",
+            "delivery_tag": delivery_tag,
+        },
+    });
+    CeleryMessage {
+        task_id,
+        delivery_tag,
+        envelope: envelope.to_string(),
+    }
+}
+
+/// Whether a message popped from a queue or held in `unacked` was restored (kombu sets
+/// `headers.redelivered` and `properties.delivery_info.redelivered` when it restores).
+pub fn celery_redelivered(envelope: &str) -> bool {
+    let Ok(value) = serde_json::from_str::<Value>(envelope) else {
+        return false;
+    };
+    // `unacked` holds `[message, exchange, routing_key]`.
+    let message = value.get(0).unwrap_or(&value);
+    message.pointer("/headers/redelivered") == Some(&Value::Bool(true))
+        || message.pointer("/properties/delivery_info/redelivered") == Some(&Value::Bool(true))
+}
+
+/// A UUID version 4 text from 128 random bits.
+fn uuid4(bits: u128) -> String {
+    let bits = (bits & !(0xf << 76) | (0x4 << 76)) & !(0x3 << 62) | (0x2 << 62);
+    let hex = format!("{bits:032x}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
+/// Standard base64 with padding (what kombu's `body_encoding = "base64"` decodes).
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The statement that enqueues one apalis job (apalis-postgres 1.0): `$1` = job type (the
+/// queue), `$2` = the job's JSON text. The id must be a ULID, which apalis' own SQL generates.
+pub const APALIS_INSERT: &str = "INSERT INTO apalis.jobs (id, job_type, job, status, attempts, max_attempts, run_at, priority) \
+     VALUES (apalis.generate_ulid(), $1, convert_to($2, 'UTF8'), 'Pending', 0, 25, now(), 0) RETURNING id";
+
+/// The audit table and trigger racecert installs on the team's result table (only in its own
+/// test database): every insert and update, with the old and new status, the output and version,
+/// the transaction and the time. No worker can write the table without leaving a row here.
+pub fn audit_sql(results: &Results) -> String {
+    let version = results
+        .version
+        .as_ref()
+        .map_or("NULL".to_owned(), |v| format!("NEW.\"{v}\"::text"));
+    format!(
+        r#"CREATE TABLE IF NOT EXISTS racecert_audit (
+    id bigserial PRIMARY KEY,
+    op text NOT NULL,
+    request_key text,
+    old_status text,
+    new_status text,
+    output text,
+    model_version text,
+    txid bigint NOT NULL DEFAULT txid_current(),
+    backend_pid int NOT NULL DEFAULT pg_backend_pid(),
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE OR REPLACE FUNCTION racecert_audit_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO racecert_audit (op, request_key, old_status, new_status, output, model_version)
+    VALUES (TG_OP, NEW."{key}"::text,
+            CASE WHEN TG_OP = 'UPDATE' THEN OLD."{status}"::text END,
+            NEW."{status}"::text, NEW."{output}"::text, {version});
+    RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS racecert_audit ON "{table}";
+CREATE TRIGGER racecert_audit AFTER INSERT OR UPDATE ON "{table}"
+    FOR EACH ROW EXECUTE FUNCTION racecert_audit_row();"#,
+        key = results.key,
+        status = results.status,
+        output = results.output,
+        table = results.table,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_the_standard_vectors() {
+        for (plain, encoded) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(plain.as_bytes()), encoded);
+        }
+    }
+
+    #[test]
+    fn uuid4_has_its_version_and_variant() {
+        let id = uuid4(u128::MAX);
+        assert_eq!(id.len(), 36);
+        assert_eq!(&id[14..15], "4");
+        assert!(matches!(&id[19..20], "8" | "9" | "a" | "b"), "{id}");
+        assert_eq!(&uuid4(0)[14..15], "4");
+    }
+
+    #[test]
+    fn celery_message_carries_the_task_and_its_kwargs() {
+        let mut n = 0u128;
+        let mut ids = || {
+            n += 1;
+            n
+        };
+        let kwargs = BTreeMap::from([("request_id".to_owned(), "req-1".to_owned())]);
+        let message = celery_message("tasks.infer_naive", "celery", &kwargs, &mut ids);
+        let value: Value = serde_json::from_str(&message.envelope).unwrap();
+        assert_eq!(value["headers"]["task"], "tasks.infer_naive");
+        assert_eq!(value["headers"]["id"], message.task_id);
+        assert_eq!(value["properties"]["delivery_tag"], message.delivery_tag);
+        assert_eq!(
+            value["properties"]["delivery_info"]["routing_key"],
+            "celery"
+        );
+        assert!(!celery_redelivered(&message.envelope));
+        let restored = message.envelope.replace(
+            "\"routing_key\":\"celery\"",
+            "\"routing_key\":\"celery\",\"redelivered\":true",
+        );
+        assert!(celery_redelivered(&format!(
+            "[{restored}, \"\", \"celery\"]"
+        )));
+    }
+}
