@@ -46,9 +46,7 @@ fn processes(needle: &str) -> Vec<String> {
             }
             let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            cmdline
-                .contains(needle)
-                .then(|| format!("{pid} {cmdline}"))
+            cmdline.contains(needle).then(|| format!("{pid} {cmdline}"))
         })
         .collect()
 }

@@ -746,40 +746,6 @@ fn check_output(output: &Output, command: &str) -> std::result::Result<(), Strin
     ))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn references_need_a_pinned_tag() {
-        let image = ImageRef::parse("racecert/redis:7.0-bookworm", "test").unwrap();
-        assert_eq!(image.name, "racecert/redis");
-        assert_eq!(image.tag, "7.0-bookworm");
-        assert!(image.is_racecert_built());
-        assert!(ImageRef::parse("redis", "RACECERT_REDIS_IMAGE").is_err());
-        assert!(ImageRef::parse("localhost:5000/redis", "x").is_err());
-        let official = ImageRef::parse("localhost:5000/redis:7.2", "x").unwrap();
-        assert_eq!(official.name, "localhost:5000/redis");
-        assert!(!official.is_racecert_built());
-    }
-
-    #[test]
-    fn mirror_is_read_from_both_apt_formats() {
-        let deb822 = "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\nComponents: main\n\nTypes: deb\nURIs: http://security.example/debian-security\nSuites: bookworm-security\n";
-        assert_eq!(
-            mirror_from_sources(deb822).as_deref(),
-            Some("http://mirror.example/debian")
-        );
-        let one_line =
-            "# comment\ndeb [arch=amd64 signed-by=/x.gpg] http://m.example/debian bookworm main\n";
-        assert_eq!(
-            mirror_from_sources(one_line).as_deref(),
-            Some("http://m.example/debian")
-        );
-        assert_eq!(mirror_from_sources("deb http://x/ubuntu jammy main"), None);
-    }
-}
-
 /// Writes each present image of `services` to `dir/<service>.tar` (`docker save`), for a CI
 /// cache: a runner that restores the directory loads them instead of building. Returns the files
 /// written. A missing image is an error naming it: save after `images build`.
@@ -831,4 +797,38 @@ pub fn load_images(dir: &Path) -> Result<Vec<String>> {
         );
     }
     Ok(loaded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_need_a_pinned_tag() {
+        let image = ImageRef::parse("racecert/redis:7.0-bookworm", "test").unwrap();
+        assert_eq!(image.name, "racecert/redis");
+        assert_eq!(image.tag, "7.0-bookworm");
+        assert!(image.is_racecert_built());
+        assert!(ImageRef::parse("redis", "RACECERT_REDIS_IMAGE").is_err());
+        assert!(ImageRef::parse("localhost:5000/redis", "x").is_err());
+        let official = ImageRef::parse("localhost:5000/redis:7.2", "x").unwrap();
+        assert_eq!(official.name, "localhost:5000/redis");
+        assert!(!official.is_racecert_built());
+    }
+
+    #[test]
+    fn mirror_is_read_from_both_apt_formats() {
+        let deb822 = "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\nComponents: main\n\nTypes: deb\nURIs: http://security.example/debian-security\nSuites: bookworm-security\n";
+        assert_eq!(
+            mirror_from_sources(deb822).as_deref(),
+            Some("http://mirror.example/debian")
+        );
+        let one_line =
+            "# comment\ndeb [arch=amd64 signed-by=/x.gpg] http://m.example/debian bookworm main\n";
+        assert_eq!(
+            mirror_from_sources(one_line).as_deref(),
+            Some("http://m.example/debian")
+        );
+        assert_eq!(mirror_from_sources("deb http://x/ubuntu jammy main"), None);
+    }
 }

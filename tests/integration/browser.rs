@@ -67,7 +67,8 @@ fn cache_root() -> anyhow::Result<PathBuf> {
     if let Some(cache) = var("XDG_CACHE_HOME") {
         return Ok(PathBuf::from(cache).join("racecert/browsers"));
     }
-    let home = var("HOME").context("neither RACECERT_BROWSER_DIR, XDG_CACHE_HOME nor HOME is set")?;
+    let home =
+        var("HOME").context("neither RACECERT_BROWSER_DIR, XDG_CACHE_HOME nor HOME is set")?;
     Ok(PathBuf::from(home).join(".cache/racecert/browsers"))
 }
 
@@ -147,7 +148,13 @@ fn provision() -> anyhow::Result<Chromium> {
     };
     let safe: String = version
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     let dir = root.join(format!("chromium-{safe}"));
     if let Some(found) = ready(&dir) {
@@ -244,15 +251,12 @@ fn unpack(apt: &Apt, scratch: &Path) -> anyhow::Result<()> {
 /// `package` and, transitively, what it depends on (the first choice of each alternative, a
 /// provider for a virtual package), less what is installed already.
 fn closure(apt: &Apt, package: &str) -> anyhow::Result<Vec<String>> {
-    let installed: HashSet<String> = output(Command::new("dpkg-query").args([
-        "-W",
-        "-f",
-        "${Package} ${Status}\\n",
-    ]))?
-    .lines()
-    .filter(|l| l.ends_with(" installed"))
-    .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
-    .collect();
+    let installed: HashSet<String> =
+        output(Command::new("dpkg-query").args(["-W", "-f", "${Package} ${Status}\\n"]))?
+            .lines()
+            .filter(|l| l.ends_with(" installed"))
+            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+            .collect();
     let mut seen = HashSet::new();
     let mut needed = Vec::new();
     let mut queue = VecDeque::from([package.to_owned()]);

@@ -116,10 +116,7 @@ fn run_shards(dir: &Path, commands: Vec<String>) -> anyhow::Result<()> {
         let (line, (code, text)) = run
             .join()
             .map_err(|_| anyhow::anyhow!("a shard thread panicked"))??;
-        anyhow::ensure!(
-            code == 0 || code == 1,
-            "`{line}` exited {code}:\n{text}"
-        );
+        anyhow::ensure!(code == 0 || code == 1, "`{line}` exited {code}:\n{text}");
     }
     Ok(())
 }
@@ -151,9 +148,7 @@ fn check_merged(out: &Path, shards: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn the_github_actions_matrix_in_docs_ci_runs_and_merges(
-    bed: &TestBed,
-) -> anyhow::Result<()> {
+async fn the_github_actions_matrix_in_docs_ci_runs_and_merges(bed: &TestBed) -> anyhow::Result<()> {
     let _shared = bed.shared().await;
     tokio::task::spawn_blocking(|| -> anyhow::Result<()> {
         let workflow = yaml_blocks()?.remove(0);
@@ -168,10 +163,15 @@ async fn the_github_actions_matrix_in_docs_ci_runs_and_merges(
         let steps = certify["steps"]
             .as_vec()
             .ok_or_else(|| anyhow::anyhow!("jobs.certify.steps"))?;
-        let run_with = |shard: i64, text: &str| text.replace("${{ matrix.shard }}", &shard.to_string());
+        let run_with =
+            |shard: i64, text: &str| text.replace("${{ matrix.shard }}", &shard.to_string());
         let shard_step = steps
             .iter()
-            .find(|s| s["run"].as_str().is_some_and(|r| r.contains("certify --shard")))
+            .find(|s| {
+                s["run"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("certify --shard"))
+            })
             .ok_or_else(|| anyhow::anyhow!("no certify --shard step"))?;
         let upload = steps
             .iter()
@@ -208,7 +208,10 @@ async fn the_github_actions_matrix_in_docs_ci_runs_and_merges(
         let into = dir.join(str_of(&download["with"]["path"], "download path")?);
         for &shard in &shards {
             let name = run_with(shard, str_of(&upload["with"]["name"], "artifact name")?);
-            let from = dir.join(run_with(shard, str_of(&upload["with"]["path"], "artifact path")?));
+            let from = dir.join(run_with(
+                shard,
+                str_of(&upload["with"]["path"], "artifact path")?,
+            ));
             let to = into.join(&name);
             std::fs::create_dir_all(&to)?;
             for entry in std::fs::read_dir(&from)? {
@@ -229,7 +232,10 @@ async fn the_github_actions_matrix_in_docs_ci_runs_and_merges(
             .iter()
             .find_map(|s| s["with"]["report_paths"].as_str())
             .ok_or_else(|| anyhow::anyhow!("no JUnit publishing step"))?;
-        anyhow::ensure!(dir.join(junit_step).is_file(), "{junit_step} is not where the merge wrote");
+        anyhow::ensure!(
+            dir.join(junit_step).is_file(),
+            "{junit_step} is not where the merge wrote"
+        );
         check_merged(&dir.join("target/racecert/merged"), shards.len())
     })
     .await?
@@ -256,7 +262,10 @@ async fn the_gitlab_parallel_job_in_docs_ci_runs_and_merges(bed: &TestBed) -> an
         // writes the archives the cache keeps, load reads them back.
         for line in script.iter().filter(|l| l.contains(" images load ")) {
             let (code, text) = sh(&dir, line, &BTreeMap::new())?;
-            anyhow::ensure!(code == 0 && text.contains("no image archives"), "`{line}`: {text}");
+            anyhow::ensure!(
+                code == 0 && text.contains("no image archives"),
+                "`{line}`: {text}"
+            );
         }
         for line in script.iter().filter(|l| l.contains(" images save ")) {
             let (code, text) = sh(&dir, line, &BTreeMap::new())?;
@@ -302,7 +311,10 @@ async fn the_gitlab_parallel_job_in_docs_ci_runs_and_merges(bed: &TestBed) -> an
         let (code, text) = sh(&dir, merge, &BTreeMap::new())?;
         anyhow::ensure!(code == 0 || code == 1, "`{merge}` exited {code}:\n{text}");
         let junit = str_of(&report["artifacts"]["reports"]["junit"], "junit report")?;
-        anyhow::ensure!(dir.join(junit).is_file(), "{junit} is not where the merge wrote");
+        anyhow::ensure!(
+            dir.join(junit).is_file(),
+            "{junit} is not where the merge wrote"
+        );
         check_merged(&dir.join("target/racecert/merged"), total as usize)
     })
     .await?

@@ -113,11 +113,20 @@ fn write(dir: &Path, name: &str, text: &str) -> anyhow::Result<String> {
 async fn a_missing_suite_file_is_named(_bed: &TestBed) -> anyhow::Result<()> {
     racecert(
         "missing-suite",
-        &["certify", "--suite", "suites/no-such-suite.toml", "--out", "{out}"],
+        &[
+            "certify",
+            "--suite",
+            "suites/no-such-suite.toml",
+            "--out",
+            "{out}",
+        ],
         &[],
     )
     .await?
-    .refused("missing suite file", &["suites/no-such-suite.toml", "No such file"])
+    .refused(
+        "missing suite file",
+        &["suites/no-such-suite.toml", "No such file"],
+    )
 }
 
 async fn a_bad_suite_file_is_refused_at_its_line_and_column(_bed: &TestBed) -> anyhow::Result<()> {
@@ -152,7 +161,11 @@ async fn a_bad_schedule_file_is_refused_at_its_line_and_column(
     _bed: &TestBed,
 ) -> anyhow::Result<()> {
     let dir = scratch("bad-schedule");
-    let bad = write(&dir, "case.json", "{\n  \"format\": 1,\n  \"suite\": oops\n}\n")?;
+    let bad = write(
+        &dir,
+        "case.json",
+        "{\n  \"format\": 1,\n  \"suite\": oops\n}\n",
+    )?;
     racecert("bad-schedule", &["run", "--schedule", &bad], &[])
         .await?
         .refused(
@@ -192,7 +205,13 @@ async fn bad_flags_are_refused_naming_the_flag(_bed: &TestBed) -> anyhow::Result
             &["--defect", "no-such-defect", "unfenced-final-write"],
         ),
         (
-            &["certify", "--worker-cmd", "racecert worker", "--suite", "x.toml"],
+            &[
+                "certify",
+                "--worker-cmd",
+                "racecert worker",
+                "--suite",
+                "x.toml",
+            ],
             &["--worker-cmd", "--suite"],
         ),
         (&["run", "full-rollout", "--case", "x"], &["--case", "'x'"]),
@@ -222,13 +241,16 @@ async fn a_worker_command_that_exits_at_once_is_reported_with_its_stderr(
     .await?
     .refused(
         "worker command that exits at once",
-        &[command, "exited at once", "exit status: 3", "cannot reach the queue"],
+        &[
+            command,
+            "exited at once",
+            "exit status: 3",
+            "cannot reach the queue",
+        ],
     )
 }
 
-async fn a_database_not_marked_for_tests_is_refused_untouched(
-    bed: &TestBed,
-) -> anyhow::Result<()> {
+async fn a_database_not_marked_for_tests_is_refused_untouched(bed: &TestBed) -> anyhow::Result<()> {
     let _shared = bed.shared().await;
     let name = crate::namespace("unmarked").replace('-', "_");
     let mut admin = sqlx::PgConnection::connect(&bed.database_direct_url()).await?;
@@ -237,6 +259,7 @@ async fn a_database_not_marked_for_tests_is_refused_untouched(
         .await?;
     let mut url = reqwest::Url::parse(&bed.database_direct_url())?;
     url.set_path(&format!("/{name}"));
+    let redis = bed.redis_direct_url();
     let ran = racecert(
         "unmarked",
         &[
@@ -247,7 +270,7 @@ async fn a_database_not_marked_for_tests_is_refused_untouched(
             "{out}",
         ],
         &[
-            ("REDIS_URL", &bed.redis_direct_url()),
+            ("REDIS_URL", redis.as_str()),
             ("DATABASE_URL", url.as_str()),
         ],
     )

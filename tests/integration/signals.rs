@@ -201,7 +201,11 @@ fn check_stopped(
     outcome: &(Option<i32>, String, String),
 ) -> anyhow::Result<()> {
     let (code, stdout, stderr) = outcome;
-    let name = if signal == SIGINT { "SIGINT" } else { "SIGTERM" };
+    let name = if signal == SIGINT {
+        "SIGINT"
+    } else {
+        "SIGTERM"
+    };
     anyhow::ensure!(
         *code == Some(128 + signal),
         "{what}: {name} must exit {}, got {code:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
@@ -264,12 +268,7 @@ impl Run {
 
 /// Starts `args`, waits until the run is at `point`, sends `signal`, and checks the stop.
 /// Returns stdout for command-specific checks.
-fn signal_mid_run(
-    what: &str,
-    args: &[&str],
-    signal: i32,
-    point: MidRun,
-) -> anyhow::Result<String> {
+fn signal_mid_run(what: &str, args: &[&str], signal: i32, point: MidRun) -> anyhow::Result<String> {
     let run = Run::start(what, args)?;
     let (pid, mark) = (run.pid(), run.mark.clone());
     let ready = run.wait_until(point);
@@ -322,7 +321,11 @@ async fn certify_stops_on_sigint_and_sigterm_and_leaves_nothing(
                 MidRun::BedUp,
             )?;
             let report = Report::read(&out.join("report.json"))?;
-            let name = if signal == SIGINT { "SIGINT" } else { "SIGTERM" };
+            let name = if signal == SIGINT {
+                "SIGINT"
+            } else {
+                "SIGTERM"
+            };
             anyhow::ensure!(
                 report.interrupted.as_deref() == Some(name),
                 "the partial report must be marked interrupted by {name}: {:?}",
