@@ -244,8 +244,17 @@ fn main() -> ExitCode {
     match real_main(cli, color) {
         Ok(code) => code,
         Err(err) => {
-            // The whole chain, one line per cause; no backtrace for a user's mistake.
-            eprintln!("racecert: error: {err:#}");
+            // The whole chain, without repeating a cause that its error already quotes (an
+            // I/O error names its path and then its cause); no backtrace for a user's mistake.
+            let mut message = err.to_string();
+            for cause in err.chain().skip(1) {
+                let cause = cause.to_string();
+                if !message.ends_with(&cause) {
+                    message.push_str(": ");
+                    message.push_str(&cause);
+                }
+            }
+            eprintln!("racecert: error: {message}");
             match err.downcast_ref::<racecert::Error>() {
                 Some(racecert::Error::Interrupted(_)) => interrupted_code(),
                 _ => ExitCode::from(2),

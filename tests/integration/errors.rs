@@ -71,7 +71,7 @@ fn scratch(name: &str) -> PathBuf {
 
 /// Runs racecert with `args`; `{out}` in an argument is replaced by a fresh output directory.
 async fn racecert(name: &str, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Ran> {
-    let out_dir = scratch(name).join("out");
+    let out_dir = scratch(&format!("{name}-run")).join("out");
     std::fs::create_dir_all(&out_dir)?;
     let out = out_dir.display().to_string();
     let args: Vec<String> = args.iter().map(|a| a.replace("{out}", &out)).collect();
@@ -164,7 +164,7 @@ async fn a_bad_schedule_file_is_refused_at_its_line_and_column(
     let bad = write(
         &dir,
         "case.json",
-        "{\n  \"format\": 1,\n  \"suite\": oops\n}\n",
+        "{\n  \"suite\": \"lease-expiry\",\n  \"workers\": oops\n}\n",
     )?;
     racecert("bad-schedule", &["run", "--schedule", &bad], &[])
         .await?
