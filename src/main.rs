@@ -206,6 +206,19 @@ enum ImagesCommand {
     },
     /// List the configured images and the images racecert built.
     List,
+    /// Write the images to DIR/<service>.tar (docker save), for a CI cache.
+    Save {
+        /// Directory for the archives.
+        dir: PathBuf,
+        /// Only these services.
+        #[arg(long, value_enum)]
+        only: Vec<ServiceArg>,
+    },
+    /// Load the archives `images save` wrote in DIR (docker load); a missing DIR loads nothing.
+    Load {
+        /// Directory of the archives.
+        dir: PathBuf,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -265,16 +278,21 @@ enum ProxyCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let color = match cli.color {
-        ColorWhen::Always => true,
-        ColorWhen::Never => false,
-        ColorWhen::Auto => std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
-    };
+    let color = cli.color;
     match real_main(cli, color) {
         Ok(code) => code,
         Err(err) => {
-            // The whole chain, one line per cause; no backtrace for a user's mistake.
-            eprintln!("racecert: error: {err:#}");
+            // The whole chain, without repeating a cause that its error already quotes (an
+            // I/O error names its path and then its cause); no backtrace for a user's mistake.
+            let mut message = err.to_string();
+            for cause in err.chain().skip(1) {
+                let cause = cause.to_string();
+                if !message.ends_with(&cause) {
+                    message.push_str(": ");
+                    message.push_str(&cause);
+                }
+            }
+            eprintln!("racecert: error: {message}");
             match err.downcast_ref::<racecert::Error>() {
                 Some(racecert::Error::Interrupted(_)) => interrupted_code(),
                 _ => ExitCode::from(2),
@@ -283,7 +301,21 @@ fn main() -> ExitCode {
     }
 }
 
-fn real_main(cli: Cli, color: bool) -> Result<ExitCode> {
+impl ColorWhen {
+    /// Whether to colour what goes to a stream that `is_terminal` says is (or is not) a
+    /// terminal: `auto` colours only a terminal, and never with `NO_COLOR` set to anything.
+    fn colors(self, is_terminal: bool) -> bool {
+        match self {
+            ColorWhen::Always => true,
+            ColorWhen::Never => false,
+            ColorWhen::Auto => {
+                is_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+            }
+        }
+    }
+}
+
+fn real_main(cli: Cli, color: ColorWhen) -> Result<ExitCode> {
     // The proxy server logs every proxy it starts: useful when it is the program, noise when it
     // is embedded in a test bed.
     let default_filter = match cli.command {
@@ -297,14 +329,16 @@ fn real_main(cli: Cli, color: bool) -> Result<ExitCode> {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| default_filter.into()),
         )
-        .with_ansi(color && std::io::stderr().is_terminal())
+        .with_ansi(color.colors(std::io::stderr().is_terminal()))
         .with_writer(std::io::stderr)
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("start the async runtime")?;
-    let stdout_color = color && std::io::stdout().is_terminal();
+    let stdout_color = color.colors(std::io::stdout().is_terminal());
+    // Progress bars draw on stderr, and only on a terminal (indicatif hides them elsewhere);
+    // they are plain text, so colour settings do not concern them.
     runtime.block_on(async move {
         stop_on_signals()?;
         run(cli.command, stdout_color).await
@@ -365,6 +399,7 @@ async fn with_bed<T>(
     work: impl AsyncFnOnce(&TestBed) -> Result<T>,
 ) -> Result<T> {
     let bed = TestBedBuilder::from_env()?.start().await?;
+    tracing::info!(bed = %bed.id(), elapsed = ?bed.startup_time(), "test bed up");
     let outcome = match on_signal {
         OnSignal::Finish => work(&bed).await,
         OnSignal::Drop => tokio::select! {
@@ -675,10 +710,30 @@ async fn replay(
         defects: given.then_some(defects),
         ..Default::default()
     };
-    let report = with_bed(OnSignal::Drop, async |bed: &TestBed| {
+    // Kept for a partial report: the diagnosis stands even if the reproductions are cut short.
+    let diagnosis = analysis.clone();
+    let report = match with_bed(OnSignal::Drop, async |bed: &TestBed| {
         Ok(racecert::replay::reproduce_on(bed, analysis, &options).await?)
     })
-    .await?;
+    .await
+    {
+        Ok(report) => report,
+        Err(_) if racecert::interrupt::requested().is_some() => {
+            let signal = racecert::interrupt::name(racecert::interrupt::requested().unwrap_or(2));
+            print(
+                format!(
+                    "{}replay interrupted by {signal}: the diagnosis above stands, no cause was reproduced\n",
+                    diagnosis.text()
+                ),
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "interrupted": signal,
+                    "analysis": diagnosis,
+                }))?,
+            );
+            return Ok(interrupted_code());
+        }
+        Err(err) => return Err(err),
+    };
     print(report.text(), serde_json::to_string_pretty(&report)?);
     Ok(verdict_code(report.held()))
 }
@@ -771,10 +826,17 @@ async fn run_case(
                         &config,
                     )?;
                     let Some(found) = &report.counterexample else {
-                        println!(
-                            "suite {}: every invariant held over {} cases (seed {seed})",
-                            suite.name, report.cases_run
-                        );
+                        if report.interrupted {
+                            println!(
+                                "suite {}: interrupted after {} cases (seed {seed}); every invariant held so far",
+                                suite.name, report.cases_run
+                            );
+                        } else {
+                            println!(
+                                "suite {}: every invariant held over {} cases (seed {seed})",
+                                suite.name, report.cases_run
+                            );
+                        }
                         return Ok(true);
                     };
                     let path = PathBuf::from("target/racecert/schedules").join(
@@ -989,6 +1051,29 @@ async fn images_command(command: ImagesCommand) -> Result<ExitCode> {
                     outcome.action,
                     outcome.elapsed
                 );
+            }
+        }
+        ImagesCommand::Save { dir, only } => {
+            let services: Vec<Service> = if only.is_empty() {
+                Service::ALL.to_vec()
+            } else {
+                only.into_iter().map(Service::from).collect()
+            };
+            let written =
+                tokio::task::spawn_blocking(move || images::save_images(&config, &services, &dir))
+                    .await??;
+            for file in written {
+                println!("saved {}", file.display());
+            }
+        }
+        ImagesCommand::Load { dir } => {
+            let shown = dir.display().to_string();
+            let loaded = tokio::task::spawn_blocking(move || images::load_images(&dir)).await??;
+            if loaded.is_empty() {
+                println!("no image archives in {shown}");
+            }
+            for image in loaded {
+                println!("loaded {image}");
             }
         }
         ImagesCommand::List => {

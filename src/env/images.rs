@@ -749,6 +749,59 @@ fn check_output(output: &Output, command: &str) -> std::result::Result<(), Strin
     ))
 }
 
+/// Writes each present image of `services` to `dir/<service>.tar` (`docker save`), for a CI
+/// cache: a runner that restores the directory loads them instead of building. Returns the files
+/// written. A missing image is an error naming it: save after `images build`.
+pub fn save_images(
+    config: &ImageConfig,
+    services: &[Service],
+    dir: &Path,
+) -> Result<Vec<std::path::PathBuf>> {
+    std::fs::create_dir_all(dir).map_err(|err| Error::io_at(dir, err))?;
+    let mut written = Vec::new();
+    for &service in services {
+        let image = config.get(service).to_string();
+        if !image_exists(&image)? {
+            return Err(Error::Image {
+                image,
+                message: "not present; run `racecert images build` first".into(),
+            });
+        }
+        let file = dir.join(format!("{}.tar", service.name()));
+        let file_str = file.display().to_string();
+        docker(&["save", "-o", &file_str, &image], "save")?;
+        written.push(file);
+    }
+    Ok(written)
+}
+
+/// Loads every `*.tar` in `dir` written by [`save_images`] (`docker load`). Returns the images
+/// loaded, as docker names them. A directory without archives loads nothing (a cold cache).
+pub fn load_images(dir: &Path) -> Result<Vec<String>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(err) => return Err(Error::io_at(dir, err)),
+    };
+    let mut files: Vec<std::path::PathBuf> = entries
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "tar"))
+        .collect();
+    files.sort();
+    let mut loaded = Vec::new();
+    for file in files {
+        let file_str = file.display().to_string();
+        let output = docker(&["load", "-q", "-i", &file_str], "load")?;
+        loaded.extend(
+            String::from_utf8_lossy(&output.stdout)
+                .lines()
+                .filter_map(|l| l.strip_prefix("Loaded image: "))
+                .map(str::to_owned),
+        );
+    }
+    Ok(loaded)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

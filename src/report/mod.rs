@@ -514,6 +514,10 @@ impl Report {
             merged.started_at = first.started_at.clone();
         }
         for report in reports {
+            // A shard cut short makes the whole run partial.
+            if merged.interrupted.is_none() {
+                merged.interrupted = report.interrupted;
+            }
             for suite in report.suites {
                 if merged
                     .suites

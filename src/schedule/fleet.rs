@@ -274,6 +274,50 @@ impl Processes {
             })
     }
 
+    /// When every process has exited by itself without a line on stdout, the command cannot run
+    /// as a worker (a typo, a missing dependency, a crash at start): what it said, to report
+    /// instead of a verdict on jobs nobody worked on.
+    async fn exited_at_once(&mut self) -> Option<String> {
+        let mut statuses = Vec::new();
+        for proc in &mut self.procs {
+            match proc.child.try_wait() {
+                Ok(Some(status)) => statuses.push(status),
+                _ => return None,
+            }
+        }
+        let quiet = |outputs: &Outputs| {
+            outputs
+                .lock()
+                .expect("poisoned")
+                .values()
+                .all(|(out, _)| out.trim().is_empty())
+        };
+        if statuses.is_empty() || !quiet(&self.outputs) {
+            return None;
+        }
+        // The pipes closed with the processes: the readers take the last lines and end.
+        for reader in std::mem::take(&mut self.readers) {
+            let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
+        }
+        if !quiet(&self.outputs) {
+            return None;
+        }
+        let outputs = self.outputs.lock().expect("poisoned");
+        let stderr = outputs
+            .values()
+            .map(|(_, err)| err.trim())
+            .find(|err| !err.is_empty())
+            .unwrap_or("(nothing on stderr)");
+        let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
+        Some(format!(
+            "worker command `{}` exited at once ({}) in all {} of its processes, without a line on stdout; its stderr:\n{}",
+            self.command,
+            statuses[0],
+            statuses.len(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        ))
+    }
+
     /// The index of a worker whose latest log line says it holds a job (taken, not released).
     fn mid_job(&self) -> Option<usize> {
         let events = self.recorder.events();
@@ -478,6 +522,9 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
     while started.elapsed() < settings.duration || arrivals.pending() {
         if crate::interrupt::requested().is_some() {
             break;
+        }
+        if let Some(message) = plane.workers.exited_at_once().await {
+            return Err(Error::Config(message));
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(100..300))).await;
         let fresh = arrivals.submit_due(started.elapsed(), &mut api).await?;

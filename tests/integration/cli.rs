@@ -3,6 +3,7 @@
 //! real headless browser with its sequence diagram, and malformed suites are refused before
 //! anything runs.
 
+use anyhow::Context;
 use racecert::env::TestBed;
 use racecert::report::Report;
 use std::path::{Path, PathBuf};
@@ -92,42 +93,37 @@ async fn certify_with_a_defect_fails_and_run_reproduces_it_and_the_html_renders(
     check_html_in_chromium(&out.join("report.html")).await
 }
 
-/// Loads the report in Debian's chromium, headless: the DOM must hold the sequence diagram with
+/// Loads the report in a real chromium, headless: the DOM must hold the sequence diagram with
 /// its lanes and the violating write, and a screenshot must come out.
 async fn check_html_in_chromium(html: &Path) -> anyhow::Result<()> {
-    let chromium = ["chromium", "chromium-browser"]
-        .into_iter()
-        .find(|bin| {
-            Command::new(bin)
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-        .ok_or_else(|| {
-            anyhow::anyhow!("no chromium on PATH; .ci/run installs Debian's chromium")
-        })?;
+    // On PATH, or Debian's, fetched and unpacked by the test (nothing installed by hand).
+    let chromium = tokio::task::spawn_blocking(crate::browser::chromium).await??;
     let url = format!("file://{}", html.display());
     let screenshot = html.with_file_name("report.png");
     let (dom, shot) = {
         let (url, screenshot) = (url.clone(), screenshot.clone());
-        tokio::task::spawn_blocking(move || -> std::io::Result<(Output, Output)> {
+        tokio::task::spawn_blocking(move || -> anyhow::Result<(Output, Output)> {
             let common = [
                 "--headless",
                 "--no-sandbox",
                 "--disable-gpu",
                 "--disable-dev-shm-usage",
             ];
-            let dom = Command::new(chromium)
+            let dom = chromium
+                .command()
                 .args(common)
                 .arg("--dump-dom")
                 .arg(&url)
-                .output()?;
-            let shot = Command::new(chromium)
+                .output()
+                .with_context(|| format!("run {}", chromium.program().display()))?;
+            let shot = chromium
+                .command()
                 .args(common)
                 .arg(format!("--screenshot={}", screenshot.display()))
                 .arg("--window-size=1400,1600")
                 .arg(&url)
-                .output()?;
+                .output()
+                .with_context(|| format!("run {}", chromium.program().display()))?;
             Ok((dom, shot))
         })
         .await??

@@ -9,8 +9,11 @@
 //! leak its containers.
 
 mod backends;
+mod browser;
+mod ci_docs;
 mod cleanup;
 mod cli;
+mod errors;
 mod external;
 mod fenced_write;
 mod fleet;
@@ -21,6 +24,7 @@ mod pipeline;
 mod proxy_faults;
 mod replay;
 mod restart;
+mod signals;
 mod systems;
 mod wire;
 mod wire_schedules;
@@ -80,6 +84,9 @@ fn main() -> std::process::ExitCode {
         fleet::tests(),
         cleanup::tests(),
         cli::tests(),
+        signals::tests(),
+        errors::tests(),
+        ci_docs::tests(),
         wire::tests(),
         wire_schedules::tests(),
         systems::tests(),

@@ -50,9 +50,13 @@ pub(super) async fn resolve_listen(raw: &str) -> Result<SocketAddr, ApiError> {
     if let Some(range) = below_ephemeral_range() {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let span = range.end - range.start;
+        // Each process walks the range from its own point (its pid, spread): racecert processes
+        // side by side on one machine (shards, a `cargo test` beside a `certify`) would otherwise
+        // probe the same ports in the same order, and one's probe-then-bind loses to another's.
+        let offset = std::process::id().wrapping_mul(2_654_435_761) % span;
         let start = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         for i in 0..span {
-            let port = range.start + ((start + i) % span);
+            let port = range.start + (offset.wrapping_add(start).wrapping_add(i) % span);
             let candidate = SocketAddr::new(addr.ip(), port as u16);
             if let Ok(probe) = std::net::TcpListener::bind(candidate) {
                 drop(probe);
