@@ -382,6 +382,9 @@ impl<'c, 'a> CaseRun<'c, 'a> {
             settings.defects.clone(),
             settings.backend_timeout,
         );
+        // Upstream timeouts happen when the slowed backend receives the call, not after the
+        // workers' timeout in wall time.
+        services.deadlines = Some(gate.deadlines());
         let mut wire_recorded = true;
         for (index, spec) in settings.workers.iter().enumerate() {
             wire_recorded &= services.record(index, &spec.id, &recorder);

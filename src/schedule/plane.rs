@@ -10,7 +10,7 @@ use crate::contract::Keys;
 use crate::contract::defect::Defects;
 use crate::contract::log::LogSink;
 use crate::contract::worker::{BackendEndpoint, Infra};
-use crate::env::backends::{Behaviour, ProgramGuard};
+use crate::env::backends::{Behaviour, ProgramGuard, Stalls};
 use crate::env::proxy::{Direction, Toxic};
 use crate::env::{CaseLinks, Target, TestBed};
 use crate::fault::{PartitionTarget, Plane};
@@ -114,6 +114,9 @@ pub struct Services<'b> {
     backend_timeout: Duration,
     /// Idempotency keys of the case's requests, in submission order.
     pub requests: Vec<String>,
+    /// The workers' call deadlines, when the runner holds them (controlled): a slowed backend
+    /// then expires the caller's wait on arrival instead of making it wait out its timeout.
+    pub deadlines: Option<crate::contract::checkpoint::Deadlines>,
     redis_restarted: bool,
 }
 
@@ -151,6 +154,7 @@ impl<'b> Services<'b> {
             defects,
             backend_timeout,
             requests: Vec::new(),
+            deadlines: None,
             redis_restarted: false,
         }
     }
@@ -266,10 +270,17 @@ impl<'b> Services<'b> {
     async fn slow_backend(&mut self, version: &str, delay: Duration) -> Result<()> {
         match self.backend_faults {
             BackendFaults::Programs => {
+                let behaviour = match &self.deadlines {
+                    Some(deadlines) => Behaviour::Stall {
+                        delay,
+                        deadlines: Stalls(deadlines.clone()),
+                    },
+                    None => Behaviour::Delay(delay),
+                };
                 let guard = self
                     .bed
                     .backend(version)?
-                    .program(self.keys.prefix(), Behaviour::Delay(delay))
+                    .program(self.keys.prefix(), behaviour)
                     .await?;
                 self.programs.insert(version.to_owned(), guard);
             }
