@@ -54,14 +54,14 @@ pub async fn cutover(
             ("new_model_version".into(), to.into()),
         ],
     );
+    let retiring = from.as_deref() != Some(to);
     Ok(Cutover {
         from,
         to: to.to_owned(),
         // Something waits for the late invalidation: the unversioned cache (defect), or the
         // namespaces of versions no longer active (the pointer may have been unset: any version
         // other than the new one).
-        invalidation_pending: defects.has(Defect::LateCacheInvalidation)
-            || from.as_deref() != Some(to),
+        invalidation_pending: defects.has(Defect::LateCacheInvalidation) || retiring,
         flush_all: defects.has(Defect::LateCacheInvalidation),
     })
 }

@@ -230,7 +230,7 @@ fn persist_mutant(config: &ExploreConfig, schedule: &Schedule) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|err| Error::io_at(dir, err))?;
     }
-    let text = serde_json::to_string_pretty(&all).map_err(Error::other)?;
+    let text = serde_json::to_string_pretty(&all).map_err(|err| Error::other(err.to_string()))?;
     std::fs::write(&path, text + "\n").map_err(|err| Error::io_at(&path, err))
 }
 

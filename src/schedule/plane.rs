@@ -117,7 +117,24 @@ pub struct Services<'b> {
     /// The workers' call deadlines, when the runner holds them (controlled): a slowed backend
     /// then expires the caller's wait on arrival instead of making it wait out its timeout.
     pub deadlines: Option<crate::contract::checkpoint::Deadlines>,
+    /// How a Redis restart lands on this case.
+    pub restart: RestartScope,
     redis_restarted: bool,
+}
+
+/// How a `redis-restart` fault is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartScope {
+    /// The Redis server process restarts: every case on the bed loses its state, so the case
+    /// runs alone.
+    Process,
+    /// The case's own Redis is restarted as the case sees it: every socket of its workers
+    /// dropped (their proxies disabled and enabled, as a dying server closes them) and every key
+    /// of its namespace gone (leases, the stream and its consumer group, cache, version
+    /// pointer), with no server restart. Other cases run on undisturbed, so the case need not run
+    /// alone; what only a process restart changes (the server's run id, other tenants' keys) is
+    /// not what a worker of this case can observe.
+    Namespace,
 }
 
 impl std::fmt::Debug for Services<'_> {
@@ -155,6 +172,7 @@ impl<'b> Services<'b> {
             backend_timeout,
             requests: Vec::new(),
             deadlines: None,
+            restart: RestartScope::Process,
             redis_restarted: false,
         }
     }
@@ -363,10 +381,49 @@ impl<'b> Services<'b> {
     }
 
     async fn restart_redis(&mut self) -> Result<()> {
-        self.bed.restart(Target::Redis).await?;
+        match self.restart {
+            RestartScope::Process => {
+                self.bed.restart(Target::Redis).await?;
+            }
+            RestartScope::Namespace => {
+                for link in &self.links {
+                    link.links.redis.disable().await?;
+                }
+                let flushed = self.flush_namespace().await;
+                for link in &self.links {
+                    link.links.redis.enable().await?;
+                }
+                flushed?;
+            }
+        }
         self.reconnect().await?;
         self.redis_restarted = true;
         Ok(())
+    }
+
+    /// Deletes every key of the case's namespace (what a restart of a Redis without persistence
+    /// loses), through the harness's connection.
+    async fn flush_namespace(&self) -> Result<()> {
+        let mut redis = self.admin.redis.clone();
+        let pattern = format!("{}*", self.keys.prefix());
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut redis)
+                .await?;
+            if !keys.is_empty() {
+                let _: i64 = redis::cmd("DEL").arg(&keys).query_async(&mut redis).await?;
+            }
+            if next == 0 {
+                return Ok(());
+            }
+            cursor = next;
+        }
     }
 
     /// Undoes every lasting fault: links enabled, toxics removed, backend programs dropped.

@@ -473,7 +473,7 @@ kinds = ["lease-expiry", "retry-overlap"]
     fn impossible_settings_are_refused_with_their_place() {
         let err = error_of(&GOOD.replace("lease_ttl_ms = 60000", "lease_ttl_ms = -5"));
         assert!(
-            err.contains("s.toml:16:16") && err.contains("positive"),
+            err.contains("s.toml:15:16") && err.contains("positive"),
             "{err}"
         );
         let err = error_of(&GOOD.replace("lease_ttl_ms = 60000", "lease_ttl_ms = 100"));
