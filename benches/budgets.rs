@@ -9,6 +9,10 @@
 //!    default concurrency), and each suite's ratio to the floor.
 //! 3. `detection`: per named defect, the cases and seconds an exploration of its suite needs to
 //!    meet the first failing case (no shrinking), seeds 0..10.
+//! 4. `default`: per named defect, whether its suite, explored as a default `certify` explores it
+//!    (seeds 1..=10, shrinking on), catches it for the right reason. What "default" means is the
+//!    side's: `RACECERT_BENCH_DEFAULT=cases:64` (a fixed case count, before budgets) or
+//!    `budget:7.5` (seconds: the suite's share of the default 60 s budget of the 8 suites).
 //!
 //! It uses only library API that racecert had before time budgets (commit b64dc10), so the same
 //! file measures both sides of BENCHMARKS.md's "Time budgets" section in one sitting
@@ -197,6 +201,82 @@ fn detection(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How a default `certify` explores a suite on this side (see the module docs).
+fn default_run() -> anyhow::Result<(u32, Option<Duration>)> {
+    let spec = std::env::var("RACECERT_BENCH_DEFAULT").unwrap_or_else(|_| "budget:7.5".into());
+    match spec.split_once(':') {
+        Some(("cases", n)) => Ok((n.parse()?, None)),
+        Some(("budget", secs)) => Ok((u32::MAX, Some(Duration::from_secs_f64(secs.parse()?)))),
+        _ => anyhow::bail!("RACECERT_BENCH_DEFAULT={spec:?}: expected cases:N or budget:SECONDS"),
+    }
+}
+
+fn default_certify(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
+    let (cases, budget) = default_run()?;
+    println!(
+        "\n## 4. Default certification per defect (seeds 1..={DETECTION_SEEDS}; cases {}, budget {:?}; shrinking on)",
+        if cases == u32::MAX { "unbounded".to_owned() } else { cases.to_string() },
+        budget
+    );
+    println!(
+        "{:<28} {:<24} {:>8} {:>10} {:>9} {:>10}",
+        "defect", "suite", "caught", "mean cases", "max cases", "mean s"
+    );
+    for defect in Defect::ALL {
+        let catching = racecert::suite::catching(defect);
+        let suite = suite(catching.suite)?.with_defects(Defects::of([defect]));
+        let controller = rt.block_on(Controller::new(bed, suite.settings.clone()))?;
+        let mut caught = Vec::new();
+        let mut notes = Vec::new();
+        for seed in 1..=DETECTION_SEEDS {
+            let config = ExploreConfig {
+                cases,
+                seed,
+                time_budget: budget,
+                ..ExploreConfig::default()
+            };
+            let started = Instant::now();
+            match explore(rt.handle(), &controller, &suite.space, &config) {
+                Ok(report) => match report.counterexample {
+                    Some(found) => {
+                        let broken = found
+                            .result
+                            .violations
+                            .iter()
+                            .map(|v| v.invariant)
+                            .collect();
+                        let missing = catching.missing(&broken);
+                        if missing.is_empty() {
+                            caught.push((found.found_after.0, started.elapsed()));
+                        } else {
+                            notes.push(format!("seed {seed}: caught for another reason"));
+                        }
+                    }
+                    None => notes.push(format!(
+                        "seed {seed}: not caught in {} cases",
+                        report.cases_run
+                    )),
+                },
+                Err(err) => notes.push(format!("seed {seed}: harness error: {err}")),
+            }
+        }
+        let n = caught.len().max(1) as f64;
+        println!(
+            "{:<28} {:<24} {:>5}/{DETECTION_SEEDS} {:>10.1} {:>9} {:>10.2}",
+            defect.name(),
+            catching.suite,
+            caught.len(),
+            caught.iter().map(|(c, _)| f64::from(*c)).sum::<f64>() / n,
+            caught.iter().map(|(c, _)| *c).max().unwrap_or(0),
+            caught.iter().map(|(_, t)| t.as_secs_f64()).sum::<f64>() / n,
+        );
+        for note in notes {
+            println!("    {note}");
+        }
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     let wanted = |section: &str| args.is_empty() || args.iter().any(|a| a == section);
@@ -218,6 +298,9 @@ fn main() -> anyhow::Result<()> {
         }
         if wanted("detection") {
             detection(&rt, &bed)?;
+        }
+        if wanted("default") {
+            default_certify(&rt, &bed)?;
         }
         Ok(())
     })();

@@ -8,7 +8,10 @@
 //! Everything is seeded: a mutant is a function of the case's seed and the corpus entries it may
 //! draw from, so an exploration replays the same mutants from the same seed.
 
+use crate::check::coverage::{Coverage, Reach};
+use crate::fault::FaultKind;
 use crate::schedule::{RequestSpec, STOP_POINTS, Schedule, ScheduleSpace, Step};
+use std::collections::BTreeSet;
 use proptest::strategy::{BoxedStrategy, Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use rand::rngs::StdRng;
@@ -23,6 +26,10 @@ pub struct Entry {
     pub case: usize,
     /// How many features it reached first.
     pub new: usize,
+    /// Fault kinds its run applied, and those that landed on their target paths.
+    pub applied: BTreeSet<FaultKind>,
+    /// (See `applied`.)
+    pub landed: BTreeSet<FaultKind>,
 }
 
 /// The corpus, in the order entries were added (by case).
@@ -32,12 +39,20 @@ pub struct Corpus {
 }
 
 impl Corpus {
-    /// Adds a schedule that reached something new.
-    pub fn add(&mut self, schedule: Schedule, case: usize, new: usize) {
+    /// Adds a schedule that reached something new (`new` features; its run's `coverage`).
+    pub fn add(&mut self, schedule: Schedule, case: usize, new: usize, coverage: &Coverage) {
+        let kinds = |pick: fn(&Reach) -> Option<FaultKind>| {
+            coverage.reached.iter().filter_map(pick).collect::<BTreeSet<_>>()
+        };
         self.entries.push(Entry {
             schedule,
             case,
             new,
+            applied: kinds(|r| match r {
+                Reach::Applied(kind) => Some(*kind),
+                _ => None,
+            }),
+            landed: kinds(Reach::landed),
         });
     }
 
@@ -89,14 +104,27 @@ impl Mutator {
     }
 
     /// A mutant of one of `entries` (not empty), seeded by `seed`. Entries that reached more
-    /// new features first are picked more often; one to three mutations are stacked.
+    /// new features first are picked more often, and much more often those that applied a fault
+    /// kind no entry has landed yet (they are nearest to it); one to three mutations are
+    /// stacked, one of them possibly a step of such a kind.
     pub fn mutate(&self, entries: &[Entry], seed: u64) -> (Schedule, usize) {
         let mut rng = StdRng::seed_from_u64(seed);
-        let total: usize = entries.iter().map(|e| e.new.max(1)).sum();
+        let landed: BTreeSet<FaultKind> = entries.iter().flat_map(|e| e.landed.clone()).collect();
+        let missing: BTreeSet<FaultKind> = self
+            .space
+            .faults
+            .iter()
+            .filter(|kind| !landed.contains(kind))
+            .copied()
+            .collect();
+        let weight = |entry: &Entry| {
+            entry.new.max(1) + 8 * entry.applied.intersection(&missing).count()
+        };
+        let total: usize = entries.iter().map(weight).sum();
         let mut pick = rng.random_range(0..total);
         let mut parent = 0;
         for (i, entry) in entries.iter().enumerate() {
-            let weight = entry.new.max(1);
+            let weight = weight(entry);
             if pick < weight {
                 parent = i;
                 break;
@@ -113,7 +141,39 @@ impl Mutator {
             let other = &entries[rng.random_range(0..entries.len())].schedule;
             self.mutate_once(&mut schedule, other, &mut rng, &mut runner);
         }
+        if !missing.is_empty() && rng.random_bool(0.5) {
+            self.insert_missing(&mut schedule, &missing, &mut rng, &mut runner);
+        }
         (schedule, entries[parent].case)
+    }
+
+    /// Puts a step of a fault kind in `missing` somewhere in the schedule (in place of another
+    /// if it is full): fresh steps are drawn until one is of such a kind (a few tries; kinds
+    /// whose steps the space draws rarely still come up).
+    fn insert_missing(
+        &self,
+        schedule: &mut Schedule,
+        missing: &BTreeSet<FaultKind>,
+        rng: &mut StdRng,
+        runner: &mut TestRunner,
+    ) {
+        for _ in 0..64 {
+            let step = self.fresh_step(runner);
+            let kind = match &step {
+                Step::Fault(fault) => Some(fault.kind()),
+                Step::Crash { .. } => Some(FaultKind::WorkerCrash),
+                Step::Run { .. } => None,
+            };
+            if kind.is_some_and(|kind| missing.contains(&kind)) {
+                let len = schedule.steps.len();
+                if len >= self.space.max_steps.max(1) {
+                    schedule.steps[rng.random_range(0..len)] = step;
+                } else {
+                    schedule.steps.insert(rng.random_range(0..=len), step);
+                }
+                return;
+            }
+        }
     }
 
     fn fresh_step(&self, runner: &mut TestRunner) -> Step {
@@ -275,7 +335,7 @@ mod tests {
         let space = space();
         let mutator = Mutator::new(&space);
         let mut corpus = Corpus::default();
-        corpus.add(schedule(), 3, 2);
+        corpus.add(schedule(), 3, 2, &Coverage::default());
         let mut distinct = std::collections::HashSet::new();
         for seed in 0..200 {
             let (a, parent) = mutator.mutate(corpus.before(4), case_seed(7, seed));

@@ -467,7 +467,7 @@ async fn screen(
                         });
                         done = true;
                     } else if new > 0 {
-                        plan.corpus.add(schedule, judged, new);
+                        plan.corpus.add(schedule, judged, new, &result.coverage);
                     }
                 }
                 Err(err) => {
