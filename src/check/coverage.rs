@@ -30,6 +30,10 @@ pub enum Reach {
     Applied(FaultKind),
     /// A fault of this kind landed on its target path.
     Landed(FaultKind),
+    /// The run reached where a fault of this kind would land, had it come next: a read in a
+    /// cutover's lag window of an entry another version wrote, with the invalidation not yet
+    /// run (cache-invalidation-lag). A mutant that adds the fault is one step from landing it.
+    Near(FaultKind),
     /// Worker `first` passed checkpoint `at`, and the next checkpoint any other worker passed
     /// was `then`, by worker `second`: one interleaving of the pair.
     Interleaving {
@@ -155,6 +159,11 @@ pub fn coverage(history: &History) -> Coverage {
             EventKind::Harness(Observation::Draining) => {
                 draining = true;
                 close_open(&mut coverage, &mut open);
+                if lag_window.as_ref().is_some_and(|(_, read)| *read) {
+                    coverage
+                        .reached
+                        .insert(Reach::Near(FaultKind::CacheInvalidationLag));
+                }
             }
             EventKind::Harness(Observation::AttemptError { worker, .. }) => {
                 attempts.remove(worker);
@@ -203,7 +212,7 @@ pub fn coverage(history: &History) -> Coverage {
                             cached.insert(((*input).to_owned(), version));
                         }
                     }
-                    Status::CacheHit | Status::CacheMiss => {
+                    Status::CacheHit | Status::CacheMiss if !draining => {
                         if let Some((to, read)) = lag_window.as_mut()
                             && version == *to
                             && let Some(input) = input_of

@@ -30,6 +30,8 @@ pub struct Entry {
     pub applied: BTreeSet<FaultKind>,
     /// (See `applied`.)
     pub landed: BTreeSet<FaultKind>,
+    /// Fault kinds whose target path it came near ([`Reach::Near`]).
+    pub near: BTreeSet<FaultKind>,
 }
 
 /// The corpus, in the order entries were added (by case).
@@ -53,6 +55,10 @@ impl Corpus {
                 _ => None,
             }),
             landed: kinds(Reach::landed),
+            near: kinds(|r| match r {
+                Reach::Near(kind) => Some(*kind),
+                _ => None,
+            }),
         });
     }
 
@@ -118,7 +124,9 @@ impl Mutator {
             .copied()
             .collect();
         let weight = |entry: &Entry| {
-            entry.new.max(1) + 8 * entry.applied.intersection(&missing).count()
+            entry.new.max(1)
+                + 8 * entry.applied.intersection(&missing).count()
+                + 32 * entry.near.intersection(&missing).count()
         };
         let total: usize = entries.iter().map(weight).sum();
         let mut pick = rng.random_range(0..total);
@@ -165,11 +173,12 @@ impl Mutator {
                 Step::Run { .. } => None,
             };
             if kind.is_some_and(|kind| missing.contains(&kind)) {
+                // In the second half: a fault that lands after what the schedule set up.
                 let len = schedule.steps.len();
                 if len >= self.space.max_steps.max(1) {
-                    schedule.steps[rng.random_range(0..len)] = step;
+                    schedule.steps[rng.random_range(len / 2..len)] = step;
                 } else {
-                    schedule.steps.insert(rng.random_range(0..=len), step);
+                    schedule.steps.insert(rng.random_range(len / 2..=len), step);
                 }
                 return;
             }
