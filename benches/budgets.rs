@@ -101,7 +101,10 @@ fn floor(rt: &Runtime, bed: &TestBed) -> anyhow::Result<f64> {
         "\n## 1. Round-trip floor: the smallest case ({FLOOR_CASES} runs; one request, one worker to done)"
     );
     let (one, latency) = floor_at(rt, bed, 1)?;
-    println!("floor x1: {one:.1} cases/s, mean {:.2} ms a case", ms(latency));
+    println!(
+        "floor x1: {one:.1} cases/s, mean {:.2} ms a case",
+        ms(latency)
+    );
     let (k, latency) = floor_at(rt, bed, concurrency)?;
     println!(
         "floor x{concurrency} (default): {k:.1} cases/s, mean {:.2} ms a case",
@@ -215,7 +218,11 @@ fn default_certify(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
     let (cases, budget) = default_run()?;
     println!(
         "\n## 4. Default certification per defect (seeds 1..={DETECTION_SEEDS}; cases {}, budget {:?}; shrinking on)",
-        if cases == u32::MAX { "unbounded".to_owned() } else { cases.to_string() },
+        if cases == u32::MAX {
+            "unbounded".to_owned()
+        } else {
+            cases.to_string()
+        },
         budget
     );
     println!(
@@ -278,7 +285,10 @@ fn default_certify(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
     let wanted = |section: &str| args.is_empty() || args.iter().any(|a| a == section);
     println!("racecert budgets benchmark (numbers only, no assertions)");
     let started = Instant::now();

@@ -497,7 +497,10 @@ async fn certify_external_command(
         "racecert certify --worker-cmd {command:?}: up to {rounds} fleet run(s); bringing the test bed up"
     );
     let outcome = with_bed(OnSignal::Finish, async |bed: &TestBed| {
-        let bars = progress_bars([("external-fleet".to_owned(), Some(u64::from(rounds)))], "runs");
+        let bars = progress_bars(
+            [("external-fleet".to_owned(), Some(u64::from(rounds)))],
+            "runs",
+        );
         let bar = &bars["external-fleet"];
         let outcome = racecert::suite::certify::certify_external(
             bed,

@@ -195,7 +195,12 @@ impl Checkpoints {
     /// first) does not end this one.
     pub fn calling(&self, worker: &str) {
         if let Some(deadlines) = &self.deadlines {
-            deadlines.inner.expired.lock().expect("poisoned").remove(worker);
+            deadlines
+                .inner
+                .expired
+                .lock()
+                .expect("poisoned")
+                .remove(worker);
         }
     }
 

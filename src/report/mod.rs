@@ -584,9 +584,9 @@ impl Report {
             } else {
                 paint(verdict, "1;31")
             };
-            let budget = suite
-                .budget_ms
-                .map_or("cases".to_owned(), |ms| format!("{:.1}s", ms as f64 / 1000.0));
+            let budget = suite.budget_ms.map_or("cases".to_owned(), |ms| {
+                format!("{:.1}s", ms as f64 / 1000.0)
+            });
             let _ = writeln!(
                 out,
                 "{:<26} {:<26} {:>6} {:>8.1}s {budget:>8}  {verdict}",

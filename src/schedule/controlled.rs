@@ -182,7 +182,9 @@ impl<'a> Controller<'a> {
         let whole = restarts
             && self
                 .process_restarts
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1))
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                    left.checked_sub(1)
+                })
                 .is_ok();
         let _turn = if whole {
             (None, Some(self.turns.write().await))

@@ -11,11 +11,11 @@
 use crate::check::coverage::{Coverage, Reach};
 use crate::fault::FaultKind;
 use crate::schedule::{RequestSpec, STOP_POINTS, Schedule, ScheduleSpace, Step};
-use std::collections::BTreeSet;
 use proptest::strategy::{BoxedStrategy, Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use std::collections::BTreeSet;
 
 /// One schedule kept for reaching something new.
 #[derive(Debug, Clone)]
@@ -44,7 +44,11 @@ impl Corpus {
     /// Adds a schedule that reached something new (`new` features; its run's `coverage`).
     pub fn add(&mut self, schedule: Schedule, case: usize, new: usize, coverage: &Coverage) {
         let kinds = |pick: fn(&Reach) -> Option<FaultKind>| {
-            coverage.reached.iter().filter_map(pick).collect::<BTreeSet<_>>()
+            coverage
+                .reached
+                .iter()
+                .filter_map(pick)
+                .collect::<BTreeSet<_>>()
         };
         self.entries.push(Entry {
             schedule,
@@ -362,8 +366,15 @@ mod tests {
             }
             distinct.insert(a);
         }
-        assert!(distinct.len() > 50, "only {} distinct mutants", distinct.len());
-        assert!(corpus.before(3).is_empty(), "an entry is not drawn from by its own case");
+        assert!(
+            distinct.len() > 50,
+            "only {} distinct mutants",
+            distinct.len()
+        );
+        assert!(
+            corpus.before(3).is_empty(),
+            "an entry is not drawn from by its own case"
+        );
     }
 
     #[test]

@@ -427,7 +427,8 @@ struct Screened {
     harness_error: Option<String>,
 }
 
-type Running<'f> = std::pin::Pin<Box<dyn std::future::Future<Output = (usize, Result<CaseResult>)> + Send + 'f>>;
+type Running<'f> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = (usize, Result<CaseResult>)> + Send + 'f>>;
 
 /// Runs cases, up to `config.concurrency` at once, started in case order, and judges them in
 /// that order: coverage merged, schedules that reached something new kept in the corpus, until

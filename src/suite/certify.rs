@@ -165,7 +165,12 @@ pub fn certify(
         }
         let suite = loaded.suite.clone().with_defects(options.defects.clone());
         let seed = options.seed.unwrap_or(loaded.seed);
-        let budget = suite_budget(suites, index, total.saturating_sub(started.elapsed()), options);
+        let budget = suite_budget(
+            suites,
+            index,
+            total.saturating_sub(started.elapsed()),
+            options,
+        );
         let cases = options.cases.or(suite.cases).unwrap_or(u32::MAX);
         let regressions = match (&options.regressions, options.defects.iter().next()) {
             // Past failures of the worker under test are replayed first; runs with defects

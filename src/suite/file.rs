@@ -490,7 +490,10 @@ kinds = ["lease-expiry", "retry-overlap"]
             "{err}"
         );
         let err = error_of(&GOOD.replace("cases = 64", "cases = 64\ntime_budget_s = 5"));
-        assert!(err.contains("s.toml:3:9") && err.contains("not both"), "{err}");
+        assert!(
+            err.contains("s.toml:3:9") && err.contains("not both"),
+            "{err}"
+        );
     }
 
     #[test]
