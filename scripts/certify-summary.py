@@ -40,7 +40,7 @@ print(f"runs: {n}, passed: {passed}/{n}; seconds in suites per run: mean {sum(to
       f"min {min(totals):.1f}, max {max(totals):.1f}")
 print(f"{'suite':<24} {'mean cases':>10} {'mean s':>7}")
 for name in sorted(cases):
-    print(f"{name:<24} {sum(cases[name])/n:>10.1} {sum(seconds[name])/n:>7.2f}")
+    print(f"{name:<24} {sum(cases[name])/n:>10.1f} {sum(seconds[name])/n:>7.2f}")
 print(f"{'suite':<24} {'fault kind':<24} {'runs covered':>12} {'applied (all runs)':>18}")
 for (name, fault) in sorted(covered):
     print(f"{name:<24} {fault:<24} {covered[(name, fault)]:>9}/{n} {applied[(name, fault)]:>18}")
