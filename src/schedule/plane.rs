@@ -413,7 +413,7 @@ impl<'b> Services<'b> {
                 .arg("MATCH")
                 .arg(&pattern)
                 .arg("COUNT")
-                .arg(1000)
+                .arg(10_000)
                 .query_async(&mut redis)
                 .await?;
             if !keys.is_empty() {
