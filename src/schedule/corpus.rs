@@ -246,7 +246,7 @@ impl Mutator {
                 schedule.steps.truncate(head);
                 schedule
                     .steps
-                    .extend(other.steps[tail..].iter().cloned().take(max_steps - head));
+                    .extend(other.steps[tail..].iter().take(max_steps - head).cloned());
                 if schedule.steps.is_empty() {
                     schedule.steps.push(self.fresh_step(runner));
                 }
