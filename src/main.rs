@@ -46,6 +46,17 @@ enum ColorWhen {
     Never,
 }
 
+/// A time budget in seconds (fractions allowed), more than zero.
+fn budget_arg(text: &str) -> std::result::Result<std::time::Duration, String> {
+    let seconds: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !(seconds.is_finite() && seconds > 0.0) {
+        return Err(format!("{text}: the budget must be more than 0 seconds"));
+    }
+    Ok(std::time::Duration::from_secs_f64(seconds))
+}
+
 /// Cases run at once: 1 to 64.
 fn concurrency_arg() -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64)
@@ -62,9 +73,14 @@ enum Command {
         /// Switch a defect on in the reference worker (repeatable).
         #[arg(long = "defect", value_name = "NAME")]
         defects: Vec<Defect>,
-        /// Cases per suite (overrides the suite files).
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        /// A fixed number of cases per suite, for exact reproduction (no time budget).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..), conflicts_with = "budget")]
         cases: Option<u32>,
+        /// Total time budget in seconds, spent across the suites (default 60; a suite file's
+        /// `time_budget_s` takes its own share). With --system: seconds of cases (start-up not
+        /// counted; default 60).
+        #[arg(long, value_name = "SECONDS", value_parser = budget_arg)]
+        budget: Option<std::time::Duration>,
         /// Seed (overrides the suite files).
         #[arg(long)]
         seed: Option<u64>,
@@ -79,7 +95,7 @@ enum Command {
         out: PathBuf,
         /// Certify an external worker: the command starts one worker process under the
         /// contract's environment (docs/contract.md), e.g. "racecert worker".
-        #[arg(long, value_name = "CMD", conflicts_with_all = ["suites", "shard", "cases"])]
+        #[arg(long, value_name = "CMD", conflicts_with_all = ["suites", "shard", "cases", "budget"])]
         worker_cmd: Option<String>,
         /// Fleet runs for --worker-cmd (stops at the first violation).
         #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
@@ -91,9 +107,6 @@ enum Command {
         /// (docs/systems.md): its own framework, tables and model API.
         #[arg(long, value_name = "FILE", conflicts_with_all = ["suites", "shard", "worker_cmd", "defects"])]
         system: Option<PathBuf>,
-        /// With --system: seconds of cases (start-up not counted).
-        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
-        budget: u64,
         /// With --system: only these faults (repeatable; default: the framework's own).
         #[arg(long = "fault", value_name = "NAME", requires = "system")]
         faults: Vec<SystemFault>,
@@ -457,23 +470,34 @@ fn find_suite(name_or_path: &str) -> Result<LoadedSuite> {
         })
 }
 
-/// One progress bar per named task, on stderr (drawn only on a terminal).
+/// One progress bar per named task, on stderr (drawn only on a terminal); a task of no known
+/// length (a time budget) shows a count.
 fn progress_bars(
-    tasks: impl IntoIterator<Item = (String, u64)>,
+    tasks: impl IntoIterator<Item = (String, Option<u64>)>,
     unit: &str,
 ) -> std::sync::Arc<std::collections::HashMap<String, indicatif::ProgressBar>> {
     let bars = indicatif::MultiProgress::new();
-    let style = indicatif::ProgressStyle::with_template(&format!(
+    let style = |template: String| {
+        indicatif::ProgressStyle::with_template(&template)
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> ")
+    };
+    let sized = style(format!(
         "{{prefix:<26}} [{{bar:30}}] {{pos:>4}}/{{len:4}} {unit} {{elapsed:>4}}"
-    ))
-    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-    .progress_chars("=> ");
+    ));
+    let open = style(format!("{{prefix:<26}} {{pos:>6}} {unit} {{elapsed:>4}}"));
     std::sync::Arc::new(
         tasks
             .into_iter()
             .map(|(name, len)| {
-                let bar = bars.add(indicatif::ProgressBar::new(len));
-                bar.set_style(style.clone());
+                let bar = match len {
+                    Some(len) => bars
+                        .add(indicatif::ProgressBar::new(len))
+                        .with_style(sized.clone()),
+                    None => bars
+                        .add(indicatif::ProgressBar::no_length())
+                        .with_style(open.clone()),
+                };
                 bar.set_prefix(name.clone());
                 (name, bar)
             })
@@ -501,7 +525,7 @@ async fn certify_command(
             suites.iter().map(|s| {
                 (
                     s.suite.name.clone(),
-                    u64::from(options.cases.unwrap_or(s.suite.cases)),
+                    options.cases.or(s.suite.cases).map(u64::from),
                 )
             }),
             "cases",
@@ -551,7 +575,7 @@ async fn certify_external_command(
             let mut search = racecert::schedule::wire::WireSearch::default_for(seed);
             search.budget = std::time::Duration::from_secs(wire_budget);
             let bars = progress_bars(
-                [("external-wire".to_owned(), u64::from(search.cases))],
+                [("external-wire".to_owned(), Some(u64::from(search.cases)))],
                 "cases",
             );
             let bar = &bars["external-wire"];
@@ -587,7 +611,7 @@ async fn certify_external_command(
             );
             wire = Some(outcome);
         }
-        let bars = progress_bars([("external-fleet".to_owned(), u64::from(rounds))], "runs");
+        let bars = progress_bars([("external-fleet".to_owned(), Some(u64::from(rounds)))], "runs");
         let bar = &bars["external-fleet"];
         let outcome = racecert::suite::certify::certify_external(
             bed,
@@ -784,7 +808,16 @@ async fn run_case(
     let seed = seed.unwrap_or(loaded.seed);
     let suite = loaded.suite.clone().with_defects(defects.clone());
     let config = ExploreConfig {
-        cases: suite.cases,
+        cases: suite.cases.unwrap_or(u32::MAX),
+        // Without a case count, explore for the suite's budget (or a whole run's).
+        time_budget: match suite.cases {
+            Some(_) => None,
+            None => Some(
+                loaded
+                    .time_budget
+                    .unwrap_or(racecert::suite::certify::DEFAULT_BUDGET),
+            ),
+        },
         seed,
         regressions: defects
             .iter()
@@ -862,7 +895,7 @@ async fn run_case(
                     );
                     println!(
                         "or: {}",
-                        replay_command(&loaded, seed, found.found_after.0, &defects)
+                        replay_command(&loaded, seed, found.generated_case, &defects)
                     );
                     Ok(false)
                 }
@@ -879,6 +912,7 @@ async fn run(command: Command, color: bool) -> Result<ExitCode> {
             suites,
             defects,
             cases,
+            budget,
             seed,
             concurrency,
             shard,
@@ -887,13 +921,14 @@ async fn run(command: Command, color: bool) -> Result<ExitCode> {
             rounds,
             wire_budget,
             system,
-            budget,
             faults,
             keep_going,
         } => {
             if let Some(file) = system {
                 let mut settings = SystemSettings::certify(seed.unwrap_or(1));
-                settings.budget = std::time::Duration::from_secs(budget);
+                if let Some(budget) = budget {
+                    settings.budget = budget;
+                }
                 settings.faults = faults;
                 settings.stop_at_first_failure = !keep_going;
                 if let Some(cases) = cases {
@@ -917,6 +952,7 @@ async fn run(command: Command, color: bool) -> Result<ExitCode> {
             let options = CertifyOptions {
                 defects,
                 cases,
+                budget,
                 seed,
                 shard,
                 regressions: Some(PathBuf::from("proptest-regressions")),

@@ -2,17 +2,74 @@
 //! path it targets (a lease that ran out while its holder was still working, a redelivery while
 //! another attempt ran, a crash of a worker holding a job, ...). Every runner gets the same
 //! judgement because it reads the one recorded history, not the runner's own bookkeeping.
+//!
+//! Beside the counts, a run's [`Reach`]: which (fault, target path) pairs it reached and which
+//! interleavings of checkpoints it saw per worker pair. Coverage-guided exploration keeps the
+//! schedules that reached something new and mutates them, as coverage-guided fuzzers do.
 
 use crate::contract::log::Status;
 use crate::fault::{Effect, FaultKind, PartitionTarget};
 use crate::history::{EventKind, History, Observation};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// Fault kinds applied in a run, and how often each reached its target path.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Coverage {
     /// kind -> (times applied, times it landed on its target path).
     pub faults: BTreeMap<FaultKind, (u32, u32)>,
+    /// What the runs reached (the union over merged runs).
+    pub reached: BTreeSet<Reach>,
+}
+
+/// Something a run reached, as the signal of coverage-guided exploration. Checkpoints are the
+/// workers' status words (the points of the flow their lines mark), so one feature set serves
+/// every runner and every worker that logs the contract's lines.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Reach {
+    /// A fault of this kind was applied.
+    Applied(FaultKind),
+    /// A fault of this kind landed on its target path.
+    Landed(FaultKind),
+    /// The run reached where a fault of this kind would land, had it come next: a read in a
+    /// cutover's lag window of an entry another version wrote, with the invalidation not yet
+    /// run (cache-invalidation-lag). A mutant that adds the fault is one step from landing it.
+    Near(FaultKind),
+    /// Worker `first` passed checkpoint `at`, and the next checkpoint any other worker passed
+    /// was `then`, by worker `second`: one interleaving of the pair.
+    Interleaving {
+        /// The worker that moved first.
+        first: String,
+        /// Its checkpoint.
+        at: Status,
+        /// The other worker.
+        second: String,
+        /// The other worker's next checkpoint.
+        then: Status,
+    },
+    /// The first checkpoint a worker passed after a fault's effect.
+    AfterFault {
+        /// The effect's name.
+        effect: &'static str,
+        /// The worker.
+        worker: String,
+        /// Its checkpoint.
+        at: Status,
+    },
+}
+
+impl Reach {
+    /// The (fault, target path) pair, if this is one.
+    pub fn landed(&self) -> Option<FaultKind> {
+        match self {
+            Reach::Landed(kind) => Some(*kind),
+            _ => None,
+        }
+    }
+
+    /// Whether this is an interleaving of checkpoints of a worker pair.
+    pub fn is_interleaving(&self) -> bool {
+        matches!(self, Reach::Interleaving { .. })
+    }
 }
 
 impl Coverage {
@@ -30,6 +87,16 @@ impl Coverage {
             entry.0 += applied;
             entry.1 += landed;
         }
+        self.reached.extend(other.reached.iter().cloned());
+    }
+
+    /// How many of `other`'s reached features this coverage lacks.
+    pub fn new_in(&self, other: &Coverage) -> usize {
+        other
+            .reached
+            .iter()
+            .filter(|r| !self.reached.contains(r))
+            .count()
     }
 
     /// Times `kind` landed.
@@ -92,6 +159,11 @@ pub fn coverage(history: &History) -> Coverage {
             EventKind::Harness(Observation::Draining) => {
                 draining = true;
                 close_open(&mut coverage, &mut open);
+                if lag_window.as_ref().is_some_and(|(_, read)| *read) {
+                    coverage
+                        .reached
+                        .insert(Reach::Near(FaultKind::CacheInvalidationLag));
+                }
             }
             EventKind::Harness(Observation::AttemptError { worker, .. }) => {
                 attempts.remove(worker);
@@ -140,7 +212,7 @@ pub fn coverage(history: &History) -> Coverage {
                             cached.insert(((*input).to_owned(), version));
                         }
                     }
-                    Status::CacheHit | Status::CacheMiss => {
+                    Status::CacheHit | Status::CacheMiss if !draining => {
                         if let Some((to, read)) = lag_window.as_mut()
                             && version == *to
                             && let Some(input) = input_of
@@ -256,7 +328,59 @@ pub fn coverage(history: &History) -> Coverage {
         }
     }
     close_open(&mut coverage, &mut open);
+    for (kind, (applied, landed)) in &coverage.faults {
+        if *applied > 0 {
+            coverage.reached.insert(Reach::Applied(*kind));
+        }
+        if *landed > 0 {
+            coverage.reached.insert(Reach::Landed(*kind));
+        }
+    }
+    coverage.reached.extend(orderings(history));
     coverage
+}
+
+/// The interleavings of checkpoints per worker pair, and the checkpoints right after each fault,
+/// up to the drain (what the schedule made happen, not the clean-up).
+fn orderings(history: &History) -> BTreeSet<Reach> {
+    let mut reached = BTreeSet::new();
+    // The last checkpoint passed, by whom; and faults not yet followed by each worker.
+    let mut last: Option<(String, Status)> = None;
+    let mut pending: Vec<(&'static str, HashSet<String>)> = Vec::new();
+    for event in &history.events {
+        match &event.kind {
+            EventKind::Harness(Observation::Draining) => break,
+            EventKind::Fault(effect) => pending.push((effect.name(), HashSet::new())),
+            EventKind::Worker(line) => {
+                let Some(at) = line.status_word() else {
+                    continue;
+                };
+                let worker = line.get("worker_id").unwrap_or("-").to_owned();
+                for (effect, seen) in &mut pending {
+                    if seen.insert(worker.clone()) {
+                        reached.insert(Reach::AfterFault {
+                            effect,
+                            worker: worker.clone(),
+                            at,
+                        });
+                    }
+                }
+                if let Some((first, before)) = &last
+                    && *first != worker
+                {
+                    reached.insert(Reach::Interleaving {
+                        first: first.clone(),
+                        at: *before,
+                        second: worker.clone(),
+                        then: at,
+                    });
+                }
+                last = Some((worker, at));
+            }
+            _ => {}
+        }
+    }
+    reached
 }
 
 /// An operation failed: every cut link reached its target path.

@@ -3,9 +3,13 @@
 //! that is a no-op, so production code pays nothing. A [`Gate`] attached to a worker parks it at
 //! every checkpoint until the harness says what to do: this is how the controller makes workers
 //! advance one step at a time in the order a schedule gives.
+//!
+//! A gate also makes a worker's call timeouts happen when the schedule says ([`Deadlines`]): a
+//! backend slowed past the worker's timeout by a fault expires the worker's wait the moment it
+//! receives the call, so an upstream timeout costs a round trip, not the timeout's wall time.
 
 use crate::{Error, Result};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -119,10 +123,63 @@ impl Arrival {
 
 type Senders = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Arrival>>>>;
 
+/// Call timeouts a harness makes happen: [`Deadlines::expire`] ends the current (or next) wait of
+/// a worker for a slow call at once, as if its timeout had run out. Time-driven events come from
+/// the schedule, not the clock, like a lease TTL or a visibility timeout in the controlled runner.
+#[derive(Clone, Default)]
+pub struct Deadlines {
+    inner: Arc<DeadlineState>,
+}
+
+#[derive(Default)]
+struct DeadlineState {
+    /// Workers whose wait is to end (sticky until a wait consumes it).
+    expired: Mutex<HashSet<String>>,
+    notify: tokio::sync::Notify,
+}
+
+impl fmt::Debug for Deadlines {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Deadlines").finish_non_exhaustive()
+    }
+}
+
+impl Deadlines {
+    /// Ends `worker`'s wait for its call now (or its next wait, if it is not waiting yet).
+    pub fn expire(&self, worker: &str) {
+        self.inner
+            .expired
+            .lock()
+            .expect("poisoned")
+            .insert(worker.to_owned());
+        self.inner.notify.notify_waiters();
+    }
+
+    /// Whether both are the same deadlines.
+    pub fn same_as(&self, other: &Deadlines) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Resolves when `worker`'s wait is expired, and consumes the expiry.
+    pub async fn expired(&self, worker: &str) {
+        loop {
+            let notified = self.inner.notify.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so an expiry between the two is not missed.
+            notified.as_mut().enable();
+            if self.inner.expired.lock().expect("poisoned").remove(worker) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
 /// The worker side: call [`Checkpoints::reached`] at every checkpoint.
 #[derive(Clone, Default)]
 pub struct Checkpoints {
     gated: Option<Senders>,
+    deadlines: Option<Deadlines>,
 }
 
 impl fmt::Debug for Checkpoints {
@@ -130,6 +187,30 @@ impl fmt::Debug for Checkpoints {
         f.debug_struct("Checkpoints")
             .field("gated", &self.gated.is_some())
             .finish()
+    }
+}
+
+impl Checkpoints {
+    /// `worker` starts a call: an expiry left from an earlier call (one that ended on its own
+    /// first) does not end this one.
+    pub fn calling(&self, worker: &str) {
+        if let Some(deadlines) = &self.deadlines {
+            deadlines
+                .inner
+                .expired
+                .lock()
+                .expect("poisoned")
+                .remove(worker);
+        }
+    }
+
+    /// Resolves when the harness expires `worker`'s wait for a call ([`Deadlines`]); never
+    /// without a harness, so a worker's own timeout is all that ends its wait.
+    pub async fn call_expired(&self, worker: &str) {
+        match &self.deadlines {
+            Some(deadlines) => deadlines.expired(worker).await,
+            None => std::future::pending().await,
+        }
     }
 }
 
@@ -166,6 +247,7 @@ impl Checkpoints {
 /// The harness side: parks gated workers at every checkpoint.
 pub struct Gate {
     senders: Senders,
+    deadlines: Deadlines,
     receivers: Mutex<HashMap<String, Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Arrival>>>>>,
     /// How long to wait for a worker to reach its next checkpoint before calling it stuck.
     patience: Duration,
@@ -191,6 +273,7 @@ impl Gate {
     pub fn new(patience: Duration) -> Gate {
         Gate {
             senders: Arc::new(Mutex::new(HashMap::new())),
+            deadlines: Deadlines::default(),
             receivers: Mutex::new(HashMap::new()),
             patience,
         }
@@ -200,7 +283,13 @@ impl Gate {
     pub fn checkpoints(&self) -> Checkpoints {
         Checkpoints {
             gated: Some(self.senders.clone()),
+            deadlines: Some(self.deadlines.clone()),
         }
+    }
+
+    /// The call deadlines of the gated workers (for the fault that slows their backends).
+    pub fn deadlines(&self) -> Deadlines {
+        self.deadlines.clone()
     }
 
     /// Parks `worker` at each of its checkpoints from now on.

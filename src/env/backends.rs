@@ -276,6 +276,16 @@ impl Respond for ModelResponder {
 pub enum Behaviour {
     /// Answer correctly, after `delay`.
     Delay(Duration),
+    /// Answer correctly after `delay`, past the calling worker's timeout, and expire the caller's
+    /// wait the moment the call arrives (`deadlines`, the controlled runner's): the worker times
+    /// out after the backend received (and computed) the call, as with [`Behaviour::Delay`],
+    /// without the wall-clock wait.
+    Stall {
+        /// How long the answer is held (past the worker's timeout).
+        delay: Duration,
+        /// Whose waits to expire, by the `worker_id` of the call.
+        deadlines: Stalls,
+    },
     /// Answer with HTTP `status` (5xx, 429, ...) on every call.
     Fail {
         /// The HTTP status.
@@ -288,6 +298,16 @@ pub enum Behaviour {
         /// How many calls fail.
         calls: u64,
     },
+}
+
+/// The caller-side deadlines a [`Behaviour::Stall`] expires (compared by identity).
+#[derive(Debug, Clone)]
+pub struct Stalls(pub crate::contract::checkpoint::Deadlines);
+
+impl PartialEq for Stalls {
+    fn eq(&self, other: &Stalls) -> bool {
+        self.0.same_as(&other.0)
+    }
 }
 
 /// One call as the backend received it.
@@ -390,6 +410,14 @@ impl ModelBackend {
             Behaviour::Delay(delay) => {
                 mocks.push(case().respond_with(DelayedResponder(answer, delay)));
             }
+            Behaviour::Stall { delay, deadlines } => {
+                mocks.push(case().respond_with(StallingResponder {
+                    answer,
+                    api: self.api.clone(),
+                    delay,
+                    deadlines: deadlines.0,
+                }));
+            }
             Behaviour::Fail { status } => {
                 mocks.push(case().respond_with(error_template(status)));
             }
@@ -447,6 +475,23 @@ struct DelayedResponder(ModelResponder, Duration);
 impl Respond for DelayedResponder {
     fn respond(&self, request: &Request) -> ResponseTemplate {
         self.0.respond(request).set_delay(self.1)
+    }
+}
+
+/// A correct answer held past the caller's timeout; the caller's wait expires on arrival.
+struct StallingResponder {
+    answer: ModelResponder,
+    api: ModelApi,
+    delay: Duration,
+    deadlines: crate::contract::checkpoint::Deadlines,
+}
+
+impl Respond for StallingResponder {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        if let Ok(call) = self.api.read(&request.body) {
+            self.deadlines.expire(&call.worker_id);
+        }
+        self.answer.respond(request).set_delay(self.delay)
     }
 }
 

@@ -1,9 +1,11 @@
-//! Cutover from one model version to another. The reference switches the active-version pointer
-//! and nothing else: cache namespaces are per version, so old entries are simply never read by the
-//! new version. With [`Defect::LateCacheInvalidation`] the cache is unversioned and the old
-//! entries must be deleted; the deletion is asynchronous and late ([`Cutover::invalidate`] runs
-//! whenever the schedule says), which is the seed's "new model is live but old outputs still
-//! appear".
+//! Cutover from one model version to another. The reference switches the active-version pointer;
+//! cache namespaces are per version, so old entries are never read by the new version, and the
+//! retired version's namespace is reclaimed later, asynchronously ([`Cutover::invalidate`] runs
+//! whenever the schedule says), as a team frees the memory of a model it retired. That lag window
+//! exists in every deployment, so the `cache-invalidation-lag` fault has a path to land on against
+//! the reference too. With [`Defect::LateCacheInvalidation`] the cache is unversioned and the
+//! late deletion of every entry is the only protection, which is the seed's "new model is live
+//! but old outputs still appear".
 
 use crate::Result;
 use crate::contract::Keys;
@@ -22,6 +24,9 @@ pub struct Cutover {
     pub to: String,
     /// Whether old cache entries still wait for their (late) invalidation.
     pub invalidation_pending: bool,
+    /// Whether the invalidation deletes every entry ([`Defect::LateCacheInvalidation`]'s
+    /// unversioned cache) rather than the retired version's namespace.
+    pub flush_all: bool,
 }
 
 /// Switches the active-version pointer to `to`.
@@ -49,16 +54,21 @@ pub async fn cutover(
             ("new_model_version".into(), to.into()),
         ],
     );
+    let retiring = from.as_deref() != Some(to);
     Ok(Cutover {
         from,
         to: to.to_owned(),
-        invalidation_pending: defects.has(Defect::LateCacheInvalidation),
+        // Something waits for the late invalidation: the unversioned cache (defect), or the
+        // namespaces of versions no longer active (the pointer may have been unset: any version
+        // other than the new one).
+        invalidation_pending: defects.has(Defect::LateCacheInvalidation) || retiring,
+        flush_all: defects.has(Defect::LateCacheInvalidation),
     })
 }
 
 impl Cutover {
-    /// Runs the late invalidation of the unversioned cache (defect only; the reference has
-    /// nothing to invalidate). Returns how many entries were deleted.
+    /// Runs the late invalidation: every entry of the unversioned cache (the defect's), else the
+    /// entries of every version but the active one. Returns how many entries were deleted.
     pub async fn invalidate(
         &mut self,
         redis: &mut ConnectionManager,
@@ -68,13 +78,34 @@ impl Cutover {
         if !self.invalidation_pending {
             return Ok(0);
         }
-        let pattern = format!("{}inf:*", keys.prefix());
+        let namespace = format!("{}inf:", keys.prefix());
+        let pattern = format!("{namespace}*");
+        let kept = format!("{namespace}{}:", self.to);
+        // SCAN with a large COUNT: the keyspace holds every other tenant's keys too, and
+        // SCAN's default of 10 per round trip made one invalidation hundreds of round trips.
         let mut doomed = Vec::new();
-        {
-            let mut iter: redis::AsyncIter<String> = redis.scan_match(&pattern).await?;
-            while let Some(key) = iter.next_item().await {
-                doomed.push(key?);
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(10_000)
+                .query_async(redis)
+                .await?;
+            for key in keys {
+                // A versioned entry is `inf:{version}:{hash}`; an unversioned one (a defect's
+                // layout) has no version to retire and stays unless everything is flushed.
+                let versioned = key[namespace.len().min(key.len())..].contains(':');
+                if self.flush_all || (versioned && !key.starts_with(&kept)) {
+                    doomed.push(key);
+                }
             }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
         }
         let deleted: u64 = if doomed.is_empty() {
             0

@@ -707,6 +707,7 @@ impl Worker {
         job: &JobMessage,
         attempt: &Attempt,
     ) -> Result<String> {
+        self.checkpoints.calling(&self.config.worker_id);
         let request = self
             .infra
             .http
@@ -720,12 +721,27 @@ impl Worker {
             })
             .send();
         tokio::pin!(request);
+        // A harness may end the wait early, as the timeout would (see `Deadlines`): then the
+        // warning and the timeout both happen now.
+        let worker = &self.config.worker_id;
+        let expired = || self.checkpoints.call_expired(worker);
         let response = tokio::select! {
-            response = &mut request => response,
-            _ = tokio::time::sleep(self.config.upstream_warn_after) => {
+            response = &mut request => Some(response),
+            _ = tokio::time::sleep(self.config.upstream_warn_after) => None,
+            _ = expired() => {
+                self.log(Level::Warn, attempt, Status::TimeoutWaitingUpstream, &[]);
+                return Err(self.timed_out(endpoint));
+            }
+        };
+        let response = match response {
+            Some(response) => response,
+            None => {
                 // The seed's worker warns and keeps waiting: the attempt is slow, not dead.
                 self.log(Level::Warn, attempt, Status::TimeoutWaitingUpstream, &[]);
-                request.await
+                tokio::select! {
+                    response = &mut request => response,
+                    _ = expired() => return Err(self.timed_out(endpoint)),
+                }
             }
         };
         let answer: InferResponse = response
@@ -735,6 +751,14 @@ impl Worker {
             .await
             .map_err(|e| Error::Backend(format!("{}: bad answer: {e}", endpoint.name)))?;
         Ok(answer.output)
+    }
+
+    /// The error of a backend call that ran out of time.
+    fn timed_out(&self, endpoint: &BackendEndpoint) -> Error {
+        Error::Backend(format!(
+            "{}: no answer within the {:?} timeout",
+            endpoint.name, self.config.backend_timeout
+        ))
     }
 
     async fn fenced_write(

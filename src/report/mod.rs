@@ -123,6 +123,18 @@ pub struct SuiteOutcome {
     pub cases_run: u32,
     /// Wall time, ms.
     pub elapsed_ms: u64,
+    /// The time budget it had, ms (None: a fixed number of cases).
+    #[serde(default)]
+    pub budget_ms: Option<u64>,
+    /// Of the cases, mutants of schedules that reached new coverage.
+    #[serde(default)]
+    pub mutants_run: u32,
+    /// Schedules kept for reaching something new.
+    #[serde(default)]
+    pub corpus: u32,
+    /// Interleavings of checkpoints per worker pair reached.
+    #[serde(default)]
+    pub interleavings: u32,
     /// Whether every invariant held.
     pub held: bool,
     /// Whether the suite was expected to pass.
@@ -175,6 +187,15 @@ impl SuiteOutcome {
             seed,
             cases_run: report.cases_run,
             elapsed_ms: report.elapsed.as_millis() as u64,
+            budget_ms: None,
+            mutants_run: report.mutants_run,
+            corpus: report.corpus,
+            interleavings: report
+                .coverage
+                .reached
+                .iter()
+                .filter(|r| r.is_interleaving())
+                .count() as u32,
             held: report.counterexample.is_none(),
             expect_pass,
             coverage,
@@ -556,8 +577,8 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{:<26} {:<26} {:>6} {:>9}  verdict",
-            "suite", "defects", "cases", "time"
+            "{:<26} {:<26} {:>6} {:>9} {:>8}  verdict",
+            "suite", "defects", "cases", "time", "budget"
         );
         for suite in &self.suites {
             let verdict = match (&suite.error, suite.held, suite.expect_pass) {
@@ -577,16 +598,30 @@ impl Report {
             } else {
                 paint(verdict, "1;31")
             };
+            let budget = suite.budget_ms.map_or("cases".to_owned(), |ms| {
+                format!("{:.1}s", ms as f64 / 1000.0)
+            });
             let _ = writeln!(
                 out,
-                "{:<26} {:<26} {:>6} {:>8.1}s  {verdict}",
+                "{:<26} {:<26} {:>6} {:>8.1}s {budget:>8}  {verdict}",
                 suite.name,
                 defects,
                 suite.cases_run,
                 suite.elapsed_ms as f64 / 1000.0
             );
-            if !suite.not_covered.is_empty() {
-                let _ = writeln!(out, "    not covered: {}", suite.not_covered.join(", "));
+            // Why a listed fault kind never reached its target path: never applied, or applied
+            // and always off its path.
+            for row in suite.coverage.iter().filter(|row| row.landed == 0) {
+                let why = if row.applied == 0 {
+                    "never applied".to_owned()
+                } else {
+                    format!("applied {} times, never on its path", row.applied)
+                };
+                let _ = writeln!(
+                    out,
+                    "    not covered: {} ({why}; target: {})",
+                    row.fault, row.target
+                );
             }
             if !suite.not_judged.is_empty() {
                 let _ = writeln!(

@@ -21,7 +21,9 @@ use crate::history::{History, Observation, Recorder, SubmittedRequest, read_jobs
 use crate::reference::ReferenceFactory;
 use crate::reference::queue::Queue;
 use crate::reference::submit::InferenceRequest;
-use crate::schedule::plane::{BackendFaults, CasePlane, Services, WorkerLink, Workers};
+use crate::schedule::plane::{
+    BackendFaults, CasePlane, RestartScope, Services, WorkerLink, Workers,
+};
 use crate::schedule::{Schedule, Step, WorkerSpec};
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -105,9 +107,17 @@ pub struct Controller<'a> {
     run_id: String,
     cases: AtomicU64,
     /// Cases may run concurrently (each in its own namespace, on its own proxies when it cuts a
-    /// link); one that restarts a container hits every case, so it runs alone.
+    /// link); one that restarts the Redis process hits every case, so it runs alone.
     turns: tokio::sync::RwLock<()>,
+    /// Cases whose `redis-restart` still restarts the server process; the rest restart their
+    /// own namespace ([`RestartScope::Namespace`]) and run alongside others.
+    process_restarts: AtomicU64,
 }
+
+/// Cases per controller whose Redis restart is a real process restart: the first, so every
+/// exploration that restarts Redis exercises the real one once; the rest are scoped to their
+/// namespace and cost a few round trips instead of a server start and a turn alone.
+pub const PROCESS_RESTARTS: u64 = 1;
 
 impl std::fmt::Debug for Controller<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -153,6 +163,7 @@ impl<'a> Controller<'a> {
             ),
             cases: AtomicU64::new(0),
             turns: tokio::sync::RwLock::new(()),
+            process_restarts: AtomicU64::new(PROCESS_RESTARTS),
         })
     }
 
@@ -168,10 +179,22 @@ impl<'a> Controller<'a> {
             .steps
             .iter()
             .any(|step| matches!(step, Step::Fault(Fault::RestartRedis)));
-        let _turn = if restarts {
+        let whole = restarts
+            && self
+                .process_restarts
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                    left.checked_sub(1)
+                })
+                .is_ok();
+        let _turn = if whole {
             (None, Some(self.turns.write().await))
         } else {
             (Some(self.turns.read().await), None)
+        };
+        let scope = if whole {
+            RestartScope::Process
+        } else {
+            RestartScope::Namespace
         };
         let case = self.cases.fetch_add(1, Ordering::Relaxed);
         let namespace = format!("{}c{case}", self.run_id);
@@ -181,7 +204,7 @@ impl<'a> Controller<'a> {
             let phase = phase.to_owned();
             move |err: Error| Error::other(format!("case {namespace}, {phase}: {err}"))
         };
-        let mut run = CaseRun::start(self, schedule, &namespace)
+        let mut run = CaseRun::start(self, schedule, &namespace, scope)
             .await
             .map_err(during("setting up"))?;
         let outcome = run
@@ -310,6 +333,7 @@ impl<'c, 'a> CaseRun<'c, 'a> {
         controller: &'c Controller<'a>,
         schedule: &Schedule,
         namespace: &str,
+        restart: RestartScope,
     ) -> Result<CaseRun<'c, 'a>> {
         let bed = controller.bed;
         let recorder = Recorder::new();
@@ -382,6 +406,10 @@ impl<'c, 'a> CaseRun<'c, 'a> {
             settings.defects.clone(),
             settings.backend_timeout,
         );
+        // Upstream timeouts happen when the slowed backend receives the call, not after the
+        // workers' timeout in wall time.
+        services.deadlines = Some(gate.deadlines());
+        services.restart = restart;
         let mut wire_recorded = true;
         for (index, spec) in settings.workers.iter().enumerate() {
             wire_recorded &= services.record(index, &spec.id, &recorder);

@@ -1,26 +1,36 @@
-//! Exploration: proptest generates schedules from a [`ScheduleSpace`], the controlled runner runs
-//! each as a case, and the first case that breaks an invariant is shrunk to the smallest schedule
-//! that still breaks one. Everything is reproducible from the printed seed; failing seeds are
-//! persisted to a regression file so later runs (and CI) replay every past failure first.
+//! Exploration: cases are proptest-generated schedules of a [`ScheduleSpace`] and, alongside
+//! them, mutants of the schedules that reached new coverage (coverage-guided, see
+//! [`super::corpus`]); the controlled runner runs each, and the first case that breaks an
+//! invariant is shrunk to the smallest schedule that still breaks one. An exploration runs a
+//! number of cases (`cases`, exact reproduction) or spends a time budget (`time_budget`), or both
+//! (whichever ends first). Everything is reproducible from the printed seed: a case's schedule is
+//! a function of the seed, its number and the cases at least [`CORPUS_LAG`] before it, never of
+//! timing or concurrency. Failing proptest seeds are persisted to a regression file, failing
+//! mutants (which no proptest seed regenerates) to a schedule list beside it; later runs (and CI)
+//! replay both first.
 //!
 //! proptest's runner is driven programmatically (not through the `proptest!` macro) so `cargo
 //! test`, `racecert certify` and the benchmarks share it. It generates the cases; racecert runs
-//! several at once, in generation order, and hands the first failure back to proptest to shrink. Its test closure is synchronous: call
-//! [`explore`] from a blocking thread (e.g. `tokio::task::spawn_blocking`) with a runtime handle.
+//! several at once, in case order, and hands the first failure back to proptest to shrink (a
+//! mutant is shrunk by removing steps and requests). Blocking: call [`explore`] from a blocking
+//! thread (e.g. `tokio::task::spawn_blocking`) with a runtime handle.
 
 use crate::check::Violation;
 use crate::check::coverage::Coverage;
 use crate::schedule::controlled::{CaseResult, Controller};
+use crate::schedule::corpus::{Corpus, Mutator, case_seed, simpler};
 use crate::schedule::{Schedule, ScheduleSpace};
 use crate::{Error, Result};
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use proptest::test_runner::{
     Config, FileFailurePersistence, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner,
 };
-use std::collections::BTreeMap;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Called after every case with the number of cases run so far.
@@ -37,23 +47,38 @@ impl std::fmt::Debug for Progress {
 /// so a few cases overlap well even on two cores (see BENCHMARKS.md).
 pub const DEFAULT_CONCURRENCY: usize = 4;
 
+/// A case draws mutants only from corpus entries of cases at least this many before it, so the
+/// schedules do not depend on which cases happen to have finished (concurrency, load): the same
+/// seed gives the same cases at any concurrency up to this.
+pub const CORPUS_LAG: usize = 16;
+
+/// Share of cases (once the corpus has entries) that are mutants rather than fresh proptest
+/// cases: fresh cases keep finding common paths, mutants stay near rare ones.
+pub const MUTANT_SHARE: f64 = 0.5;
+
 /// How to explore.
 #[derive(Debug, Clone)]
 pub struct ExploreConfig {
-    /// Cases to generate (proptest's default is 256).
+    /// Cases to run after the replayed regressions (with a time budget: at most this many;
+    /// `u32::MAX` runs until the budget is spent).
     pub cases: u32,
-    /// Seed of the generator: same seed, same schedules.
+    /// Seed of the generator and the mutator: same seed, same schedules.
     pub seed: u64,
     /// Bound on shrinking runs.
     pub max_shrink_iters: u32,
-    /// Where failing seeds are persisted and replayed from (None: nowhere).
+    /// Where failing seeds are persisted and replayed from (None: nowhere); failing mutants go
+    /// to [`mutant_regressions`] of it.
     pub regressions: Option<PathBuf>,
-    /// Wall-clock budget: cases after it are not run (the report says so).
+    /// Wall-clock budget: no case starts after it (shrinking a failure found within it still
+    /// runs).
     pub time_budget: Option<Duration>,
     /// Progress callback.
     pub progress: Option<Progress>,
     /// Cases run at once while screening (shrinking is one at a time). 1 runs them one by one.
     pub concurrency: usize,
+    /// Whether mutants of coverage-reaching schedules are run alongside proptest's cases (off:
+    /// proptest's cases alone, in its order).
+    pub guided: bool,
 }
 
 impl Default for ExploreConfig {
@@ -66,8 +91,37 @@ impl Default for ExploreConfig {
             time_budget: None,
             progress: None,
             concurrency: DEFAULT_CONCURRENCY,
+            guided: true,
         }
     }
+}
+
+impl ExploreConfig {
+    /// A configuration that spends `budget` (as many cases as fit).
+    pub fn budgeted(budget: Duration) -> ExploreConfig {
+        ExploreConfig {
+            cases: u32::MAX,
+            time_budget: Some(budget),
+            ..ExploreConfig::default()
+        }
+    }
+}
+
+/// Where a case's schedule came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// proptest generated it: `index` in its order (the regression file's replays first).
+    Generated {
+        /// 0-based index in proptest's order.
+        index: usize,
+    },
+    /// A mutant of the schedule case `parent` (0-based) ran.
+    Mutant {
+        /// The case whose schedule was mutated.
+        parent: usize,
+    },
+    /// A failing mutant persisted by an earlier run, replayed.
+    Replayed,
 }
 
 /// A failure, shrunk.
@@ -77,22 +131,33 @@ pub struct Counterexample {
     pub schedule: Schedule,
     /// Its run (history and violations), replayed after shrinking.
     pub result: CaseResult,
-    /// Cases generated before the first failure (1-based), and time to it.
+    /// Cases before the first failure, counting it (1-based; 0: a replayed regression), and
+    /// time to it.
     pub found_after: (u32, Duration),
+    /// Where the failing schedule came from.
+    pub origin: Origin,
+    /// For a proptest case, its number as `racecert run --case` counts (proptest's order, after
+    /// the replays); None for a mutant or a replayed regression (their schedule file replays
+    /// them).
+    pub generated_case: Option<u32>,
 }
 
 /// The outcome of an exploration.
 #[derive(Debug, Clone)]
 pub struct ExploreReport {
-    /// Cases run (generation and shrinking).
+    /// Cases run (screening and shrinking).
     pub cases_run: u32,
+    /// Of them, mutants.
+    pub mutants_run: u32,
+    /// Schedules kept in the corpus for reaching something new.
+    pub corpus: u32,
     /// The counterexample, if an invariant broke.
     pub counterexample: Option<Counterexample>,
     /// Fault coverage over every case.
     pub coverage: Coverage,
     /// Wall time.
     pub elapsed: Duration,
-    /// Whether the time budget ran out before every case ran.
+    /// Whether the time budget ended the exploration (it was spent).
     pub budget_exhausted: bool,
     /// Whether a signal stopped the exploration early.
     pub interrupted: bool,
@@ -129,12 +194,52 @@ fn persisted_count(config: &ExploreConfig) -> u32 {
         })
 }
 
+/// The file of failing mutants beside a regression file (`suite.txt` -> `suite.mutants.json`):
+/// a JSON list of schedules, replayed before anything else.
+pub fn mutant_regressions(regressions: &std::path::Path) -> PathBuf {
+    regressions.with_extension("mutants.json")
+}
+
+fn read_mutants(config: &ExploreConfig) -> Result<Vec<Schedule>> {
+    let Some(path) = config.regressions.as_ref().map(|p| mutant_regressions(p)) else {
+        return Ok(Vec::new());
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => serde_json::from_str(&text).map_err(|err| {
+            Error::Config(format!(
+                "{}:{}:{}: not a list of schedules: {err}",
+                path.display(),
+                err.line(),
+                err.column()
+            ))
+        }),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(err) => Err(Error::io_at(&path, err)),
+    }
+}
+
+fn persist_mutant(config: &ExploreConfig, schedule: &Schedule) -> Result<()> {
+    let Some(path) = config.regressions.as_ref().map(|p| mutant_regressions(p)) else {
+        return Ok(());
+    };
+    let mut all = read_mutants(config)?;
+    if all.contains(schedule) {
+        return Ok(());
+    }
+    all.push(schedule.clone());
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|err| Error::io_at(dir, err))?;
+    }
+    let text = serde_json::to_string_pretty(&all).map_err(|err| Error::other(err.to_string()))?;
+    std::fs::write(&path, text + "\n").map_err(|err| Error::io_at(&path, err))
+}
+
 /// Explores `space` with `controller`. Blocking: drives the cases with `runtime.block_on`.
 ///
 /// Cases run `config.concurrency` at a time (they are isolated by namespace, and the controller
-/// serialises the few faults that touch every case), in proptest's generation order: the first
+/// serialises the few faults that touch every case) and are judged in case order: the first
 /// failure is the one a one-at-a-time run would meet first, so seeds, case numbers and the
-/// regression file mean the same whatever the concurrency. Shrinking is sequential.
+/// regression files mean the same whatever the concurrency. Shrinking is sequential.
 pub fn explore(
     runtime: &tokio::runtime::Handle,
     controller: &Controller<'_>,
@@ -142,9 +247,8 @@ pub fn explore(
     config: &ExploreConfig,
 ) -> Result<ExploreReport> {
     let started = Instant::now();
-    let replays = persisted_count(config);
-    let schedules = generate(config, space)?;
-    let screened = runtime.block_on(screen(controller, &schedules, config, started));
+    let mut plan = Plan::new(config, space)?;
+    let screened = runtime.block_on(screen(controller, &mut plan, config, started));
     if let Some(err) = screened.harness_error {
         return Err(Error::other(format!(
             "exploration stopped by a harness error (seed {}): {err}",
@@ -153,6 +257,8 @@ pub fn explore(
     }
     let mut report = ExploreReport {
         cases_run: screened.cases,
+        mutants_run: screened.mutants,
+        corpus: plan.corpus.len() as u32,
         counterexample: None,
         coverage: screened.coverage,
         elapsed: Duration::ZERO,
@@ -160,22 +266,54 @@ pub fn explore(
         interrupted: screened.interrupted,
     };
     if let Some(failure) = screened.failure {
-        let found_after = (failure_case(failure.0, replays), failure.1);
-        let (schedule, result, shrink_runs) = shrink(runtime, controller, space, config, failure)?;
+        let found_after = (
+            (failure.case as u32 + 1).saturating_sub(plan.replays()),
+            failure.at,
+        );
+        let (schedule, result, shrink_runs) = match failure.origin {
+            Origin::Generated { index } => shrink(
+                runtime,
+                controller,
+                space,
+                config,
+                (index, failure.at, failure.violated.clone()),
+            )?,
+            Origin::Mutant { .. } | Origin::Replayed => {
+                let shrunk = shrink_schedule(runtime, controller, config, failure.schedule)?;
+                if failure.origin != Origin::Replayed {
+                    persist_mutant(config, &shrunk.0)?;
+                }
+                shrunk
+            }
+        };
         report.cases_run += shrink_runs;
         report.counterexample = Some(Counterexample {
             schedule,
             result,
             found_after,
+            origin: failure.origin,
+            generated_case: match failure.origin {
+                Origin::Generated { index } => {
+                    Some((index as u32 + 1).saturating_sub(plan.proptest_replays))
+                }
+                _ => None,
+            },
         });
     }
     report.elapsed = started.elapsed();
     Ok(report)
 }
 
-/// A failing case as the screening met it: its index in generation order (replays first), the
-/// time to it, and its violations' names (for proptest's failure message).
-type Failure = (usize, Duration, String);
+/// A failing case as the screening met it.
+struct Failure {
+    /// Its number in case order (0-based, replays first).
+    case: usize,
+    at: Duration,
+    origin: Origin,
+    schedule: Schedule,
+    /// Its violations' names (proptest's failure message).
+    violated: String,
+}
 
 /// The broken invariants' names, as proptest's failure message carries them.
 fn violated(violations: &[Violation]) -> String {
@@ -183,16 +321,14 @@ fn violated(violations: &[Violation]) -> String {
     names.join(", ")
 }
 
-/// Case number as reports and `racecert run --case` count them; 0 for a replayed regression,
-/// which has no generated case number.
-fn failure_case(index: usize, replays: u32) -> u32 {
-    (index as u32 + 1).saturating_sub(replays)
-}
-
-/// Every schedule the exploration's proptest runner generates, in its order: the regression
-/// file's replays first, then `config.cases` new ones. Generation is cheap and deterministic.
-fn generate(config: &ExploreConfig, space: &ScheduleSpace) -> Result<Vec<Schedule>> {
-    let mut runner = runner(config)?;
+/// The first `count` new schedules of the exploration's proptest runner, after the regression
+/// file's replays, in its order. Generation is cheap and deterministic, and a longer run
+/// generates the same schedules first, so more are made by generating a longer prefix again.
+fn generate(config: &ExploreConfig, space: &ScheduleSpace, count: u32) -> Result<Vec<Schedule>> {
+    let mut runner = runner(&ExploreConfig {
+        cases: count,
+        ..config.clone()
+    })?;
     let schedules = Mutex::new(Vec::new());
     // Every case passes here, so proptest only generates.
     let _ = runner.run(&space.strategy(), |schedule| {
@@ -202,9 +338,88 @@ fn generate(config: &ExploreConfig, space: &ScheduleSpace) -> Result<Vec<Schedul
     Ok(schedules.into_inner().expect("poisoned"))
 }
 
+/// What case `i` of the exploration runs: persisted mutants first, then proptest's replays,
+/// then fresh proptest cases and (once the corpus has entries) mutants of them.
+struct Plan<'s> {
+    config: &'s ExploreConfig,
+    space: &'s ScheduleSpace,
+    mutants: Vec<Schedule>,
+    proptest_replays: u32,
+    /// proptest's schedules not yet used, and how many were used.
+    generated: VecDeque<Schedule>,
+    used: usize,
+    corpus: Corpus,
+    mutator: Mutator,
+}
+
+impl<'s> Plan<'s> {
+    fn new(config: &'s ExploreConfig, space: &'s ScheduleSpace) -> Result<Plan<'s>> {
+        Ok(Plan {
+            config,
+            space,
+            mutants: read_mutants(config)?,
+            proptest_replays: persisted_count(config),
+            generated: VecDeque::new(),
+            used: 0,
+            corpus: Corpus::default(),
+            mutator: Mutator::new(space),
+        })
+    }
+
+    /// Replayed regressions (both kinds): they come first and have no case number.
+    fn replays(&self) -> u32 {
+        self.mutants.len() as u32 + self.proptest_replays
+    }
+
+    /// Cases the exploration may run at most.
+    fn cap(&self) -> usize {
+        (self.replays() as usize).saturating_add(self.config.cases as usize)
+    }
+
+    fn next_generated(&mut self) -> Result<(Schedule, Origin)> {
+        if self.generated.is_empty() {
+            let have = self.used.saturating_sub(self.proptest_replays as usize) as u32;
+            let want = have.saturating_mul(2).max(64);
+            let want = if self.config.time_budget.is_none() {
+                want.min(self.config.cases.max(1))
+            } else {
+                want
+            };
+            let all = generate(self.config, self.space, want)?;
+            self.generated = all.into_iter().skip(self.used).collect();
+            if self.generated.is_empty() {
+                return Err(Error::other("proptest generated no more schedules"));
+            }
+        }
+        let index = self.used;
+        self.used += 1;
+        let schedule = self.generated.pop_front().expect("refilled above");
+        Ok((schedule, Origin::Generated { index }))
+    }
+
+    /// The schedule of case `case` (0-based), started once every case up to
+    /// `case - CORPUS_LAG` is judged.
+    fn case(&mut self, case: usize) -> Result<(Schedule, Origin)> {
+        if let Some(schedule) = self.mutants.get(case) {
+            return Ok((schedule.clone(), Origin::Replayed));
+        }
+        if case < self.replays() as usize || !self.config.guided {
+            return self.next_generated();
+        }
+        let eligible = self.corpus.before((case + 1).saturating_sub(CORPUS_LAG));
+        let mut decide = StdRng::seed_from_u64(case_seed(self.config.seed, case));
+        if !eligible.is_empty() && decide.random_bool(MUTANT_SHARE) {
+            let (schedule, parent) = self.mutator.mutate(eligible, decide.random());
+            return Ok((schedule, Origin::Mutant { parent }));
+        }
+        self.next_generated()
+    }
+}
+
 #[derive(Default)]
 struct Screened {
     cases: u32,
+    mutants: u32,
     budget_exhausted: bool,
     interrupted: bool,
     coverage: Coverage,
@@ -212,94 +427,148 @@ struct Screened {
     harness_error: Option<String>,
 }
 
-/// What became of one screened case.
-enum Screen {
-    Ran(Box<Result<CaseResult>>),
-    /// Not run: an earlier case failed or errored, or the time budget ran out.
-    Skipped,
-}
+type Running<'f> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = (usize, Result<CaseResult>)> + Send + 'f>>;
 
-/// Runs the schedules, up to `config.concurrency` at once, started in generation order, until
-/// the first failure or harness error in that order. Cases finish out of order (one waiting out a
-/// timeout holds no one else up); once case `i` fails, no case after `i` starts, and the cases
-/// before it, all started already, finish: a failure among them comes first, as it would one at
-/// a time.
+/// Runs cases, up to `config.concurrency` at once, started in case order, and judges them in
+/// that order: coverage merged, schedules that reached something new kept in the corpus, until
+/// the first failure or harness error in that order, the case count or the time budget. Cases
+/// finish out of order (one waiting out a timeout holds no one else up); once case `i` fails,
+/// no case after `i` starts, and the cases before it, all started already, finish: a failure
+/// among them comes first, as it would one at a time.
 async fn screen(
     controller: &Controller<'_>,
-    schedules: &[Schedule],
+    plan: &mut Plan<'_>,
     config: &ExploreConfig,
     started: Instant,
 ) -> Screened {
-    // Index of the earliest failing or erroring case so far; nothing after it starts.
-    let stop_at = AtomicUsize::new(usize::MAX);
-    let budget_out = AtomicBool::new(false);
-    let interrupted = AtomicBool::new(false);
-    let mut outcomes = futures::stream::iter(schedules.iter().enumerate())
-        .map(|(index, schedule)| {
-            let (stop_at, budget_out, interrupted) = (&stop_at, &budget_out, &interrupted);
-            async move {
-                if index > stop_at.load(Ordering::SeqCst) {
-                    return (index, Screen::Skipped);
-                }
-                if crate::interrupt::requested().is_some() {
-                    // A signal: start nothing new; what runs finishes and is reported.
-                    interrupted.store(true, Ordering::SeqCst);
-                    return (index, Screen::Skipped);
-                }
-                if config
-                    .time_budget
-                    .is_some_and(|budget| started.elapsed() > budget)
-                {
-                    // Out of budget: the remaining cases are not run (the report says so).
-                    budget_out.store(true, Ordering::SeqCst);
-                    return (index, Screen::Skipped);
-                }
-                (index, Screen::Ran(Box::new(controller.run(schedule).await)))
-            }
-        })
-        .buffer_unordered(config.concurrency.max(1));
     let mut screened = Screened::default();
+    let mut in_flight: FuturesUnordered<Running<'_>> = FuturesUnordered::new();
+    let mut schedules: BTreeMap<usize, (Schedule, Origin)> = BTreeMap::new();
     let mut finished: BTreeMap<usize, (Result<CaseResult>, Duration)> = BTreeMap::new();
-    while let Some((index, outcome)) = outcomes.next().await {
-        let Screen::Ran(result) = outcome else {
+    let (mut next, mut judged) = (0usize, 0usize);
+    // The earliest case known to fail or error; nothing after it starts.
+    let mut stop_at = usize::MAX;
+    let mut done = false;
+    loop {
+        // Judge finished cases in case order.
+        while !done && let Some((result, at)) = finished.remove(&judged) {
+            let (schedule, origin) = schedules.remove(&judged).expect("started cases are kept");
+            match result {
+                Ok(result) => {
+                    let new = screened.coverage.new_in(&result.coverage);
+                    screened.coverage.merge(&result.coverage);
+                    if !result.violations.is_empty() {
+                        screened.failure = Some(Failure {
+                            case: judged,
+                            at,
+                            origin,
+                            violated: violated(&result.violations),
+                            schedule,
+                        });
+                        done = true;
+                    } else if new > 0 {
+                        plan.corpus.add(schedule, judged, new, &result.coverage);
+                    }
+                }
+                Err(err) => {
+                    // A harness error is not a finding: neither shrunk nor persisted as a
+                    // regression; the exploration stops and reports it as such.
+                    screened.harness_error = Some(err.to_string());
+                    done = true;
+                }
+            }
+            judged += 1;
+        }
+        let may_start = !done
+            && next < stop_at
+            && next < plan.cap()
+            && in_flight.len() < config.concurrency.max(1)
+            && next < judged + CORPUS_LAG;
+        if may_start {
+            if crate::interrupt::requested().is_some() {
+                // A signal: start nothing new; what runs finishes and is reported.
+                screened.interrupted = true;
+                done = true;
+                continue;
+            }
+            if config
+                .time_budget
+                .is_some_and(|budget| started.elapsed() >= budget)
+            {
+                // The budget is spent: no case starts after it (the report says so).
+                screened.budget_exhausted = true;
+                done = true;
+                continue;
+            }
+            let case = next;
+            next += 1;
+            match plan.case(case) {
+                Ok((schedule, origin)) => {
+                    if matches!(origin, Origin::Mutant { .. }) {
+                        screened.mutants += 1;
+                    }
+                    let run = schedule.clone();
+                    schedules.insert(case, (schedule, origin));
+                    in_flight.push(Box::pin(async move { (case, controller.run(&run).await) }));
+                }
+                Err(err) => {
+                    screened.harness_error = Some(err.to_string());
+                    done = true;
+                }
+            }
             continue;
+        }
+        let Some((case, result)) = in_flight.next().await else {
+            break;
         };
-        let result = *result;
         screened.cases += 1;
         if let Some(progress) = &config.progress {
             (progress.0)(screened.cases);
         }
-        let stops = match &result {
-            Ok(result) => !result.violations.is_empty(),
-            Err(_) => true,
-        };
+        let stops = result.as_ref().map_or(true, |r| !r.violations.is_empty());
         if stops {
-            stop_at.fetch_min(index, Ordering::SeqCst);
+            stop_at = stop_at.min(case);
         }
-        finished.insert(index, (result, started.elapsed()));
-    }
-    screened.budget_exhausted = budget_out.load(Ordering::SeqCst);
-    screened.interrupted = interrupted.load(Ordering::SeqCst);
-    // In generation order: what a one-at-a-time run would have met, up to its first stop. Cases
-    // after that ran alongside it and are not findings of this exploration.
-    for (index, (result, at)) in finished {
-        match result {
-            Ok(result) => {
-                screened.coverage.merge(&result.coverage);
-                if !result.violations.is_empty() {
-                    screened.failure = Some((index, at, violated(&result.violations)));
-                    break;
-                }
-            }
-            Err(err) => {
-                // A harness error is not a finding: neither shrunk nor persisted as a regression;
-                // the exploration stops and reports it as such.
-                screened.harness_error = Some(err.to_string());
-                break;
-            }
-        }
+        finished.insert(case, (result, started.elapsed()));
     }
     screened
+}
+
+/// Shrinks a schedule proptest did not generate (a mutant or a replayed one): repeatedly takes
+/// the first simpler variant ([`simpler`]) that still breaks an invariant, one run at a time, up
+/// to `config.max_shrink_iters` runs; then replays the minimal schedule for its report.
+fn shrink_schedule(
+    runtime: &tokio::runtime::Handle,
+    controller: &Controller<'_>,
+    config: &ExploreConfig,
+    failing: Schedule,
+) -> Result<(Schedule, CaseResult, u32)> {
+    let mut current = failing;
+    let mut runs = 0u32;
+    'smaller: loop {
+        for candidate in simpler(&current) {
+            if runs >= config.max_shrink_iters || crate::interrupt::requested().is_some() {
+                break 'smaller;
+            }
+            runs += 1;
+            let result = runtime.block_on(controller.run(&candidate))?;
+            if !result.violations.is_empty() {
+                current = candidate;
+                continue 'smaller;
+            }
+        }
+        break;
+    }
+    let result = runtime.block_on(controller.run(&current))?;
+    if result.violations.is_empty() {
+        return Err(Error::other(format!(
+            "a failing schedule held when replayed after shrinking (seed {}): the case is not \
+             deterministic\n{current}",
+            config.seed
+        )));
+    }
+    Ok((current, result, runs + 1))
 }
 
 /// Hands the failure to proptest, which persists it to the regression file and shrinks it (each
@@ -311,7 +580,7 @@ fn shrink(
     controller: &Controller<'_>,
     space: &ScheduleSpace,
     config: &ExploreConfig,
-    (failing, _, failing_invariants): Failure,
+    (failing, _, failing_invariants): (usize, Duration, String),
 ) -> Result<(Schedule, CaseResult, u32)> {
     let mut runner = runner(config)?;
     // (cases proptest has handed us, real runs, first harness error)
@@ -373,9 +642,10 @@ fn shrink(
     }
 }
 
-/// Regenerates case `case` (1-based, as `found_after` and reports count) of an exploration with
-/// this configuration, without running the cases before it, and runs it. This is what
-/// `racecert run SUITE --seed S --case N` does.
+/// Regenerates proptest case `case` (1-based, as [`Counterexample::generated_case`] counts) of an
+/// exploration with this configuration, without running the cases before it, and runs it. This
+/// is what `racecert run SUITE --seed S --case N` does. (A mutant depends on the cases before it;
+/// its schedule file replays it.)
 pub fn replay_case(
     runtime: &tokio::runtime::Handle,
     controller: &Controller<'_>,
@@ -389,23 +659,10 @@ pub fn replay_case(
             config.cases
         )));
     }
-    let replays = persisted_count(config);
-    let mut runner = runner(config)?;
-    let strategy = space.strategy();
-    let seen = Mutex::new((0u32, None::<Schedule>));
-    // Every case passes here, so proptest never shrinks; it only generates, in the same order.
-    let _ = runner.run(&strategy, |schedule| {
-        let mut seen = seen.lock().expect("poisoned");
-        seen.0 += 1;
-        if seen.0 == replays + case {
-            seen.1 = Some(schedule);
-        }
-        Ok(())
-    });
-    let schedule = seen
-        .into_inner()
-        .expect("poisoned")
-        .1
+    let replays = persisted_count(config) as usize;
+    let schedule = generate(config, space, case)?
+        .into_iter()
+        .nth(replays + case as usize - 1)
         .ok_or_else(|| Error::other(format!("case {case} was not generated")))?;
     let result = runtime.block_on(controller.run(&schedule))?;
     Ok((schedule, result))

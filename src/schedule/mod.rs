@@ -11,6 +11,7 @@
 mod arrivals;
 pub mod chaos;
 pub mod controlled;
+pub mod corpus;
 pub mod explore;
 pub mod file;
 pub mod fleet;
@@ -128,7 +129,6 @@ impl ScheduleSpace {
 
     /// The proptest strategy of this space.
     pub fn strategy(&self) -> BoxedStrategy<Schedule> {
-        let workers = self.workers.len().max(1);
         let max_requests = self.max_requests.max(1);
         let inputs = self.inputs.max(1);
         let requests = proptest::collection::vec(0..inputs, 1..=max_requests).prop_map(|picks| {
@@ -141,6 +141,17 @@ impl ScheduleSpace {
                 })
                 .collect::<Vec<_>>()
         });
+        let step = self.step_strategy();
+        let max_steps = self.max_steps.max(1);
+        (requests, proptest::collection::vec(step, 1..=max_steps))
+            .prop_map(|(requests, steps)| Schedule { requests, steps })
+            .boxed()
+    }
+
+    /// The strategy of one step of this space (also what mutation inserts).
+    pub fn step_strategy(&self) -> BoxedStrategy<Step> {
+        let workers = self.workers.len().max(1);
+        let max_requests = self.max_requests.max(1);
         let mut steps: Vec<(u32, BoxedStrategy<Step>)> = vec![(
             6,
             (0..workers, proptest::sample::select(STOP_POINTS.to_vec()))
@@ -227,10 +238,6 @@ impl ScheduleSpace {
                     .boxed(),
             ));
         }
-        let step = proptest::strategy::Union::new_weighted(steps);
-        let max_steps = self.max_steps.max(1);
-        (requests, proptest::collection::vec(step, 1..=max_steps))
-            .prop_map(|(requests, steps)| Schedule { requests, steps })
-            .boxed()
+        proptest::strategy::Union::new_weighted(steps).boxed()
     }
 }

@@ -10,7 +10,7 @@ use crate::contract::Keys;
 use crate::contract::defect::Defects;
 use crate::contract::log::LogSink;
 use crate::contract::worker::{BackendEndpoint, Infra};
-use crate::env::backends::{Behaviour, ProgramGuard};
+use crate::env::backends::{Behaviour, ProgramGuard, Stalls};
 use crate::env::proxy::{Direction, Toxic};
 use crate::env::{CaseLinks, Target, TestBed};
 use crate::fault::{PartitionTarget, Plane};
@@ -125,7 +125,27 @@ pub struct Services<'b> {
     backend_timeout: Duration,
     /// Idempotency keys of the case's requests, in submission order.
     pub requests: Vec<String>,
+    /// The workers' call deadlines, when the runner holds them (controlled): a slowed backend
+    /// then expires the caller's wait on arrival instead of making it wait out its timeout.
+    pub deadlines: Option<crate::contract::checkpoint::Deadlines>,
+    /// How a Redis restart lands on this case.
+    pub restart: RestartScope,
     redis_restarted: bool,
+}
+
+/// How a `redis-restart` fault is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartScope {
+    /// The Redis server process restarts: every case on the bed loses its state, so the case
+    /// runs alone.
+    Process,
+    /// The case's own Redis is restarted as the case sees it: every socket of its workers
+    /// dropped (their proxies disabled and enabled, as a dying server closes them) and every key
+    /// of its namespace gone (leases, the stream and its consumer group, cache, version
+    /// pointer), with no server restart. Other cases run on undisturbed, so the case need not run
+    /// alone; what only a process restart changes (the server's run id, other tenants' keys) is
+    /// not what a worker of this case can observe.
+    Namespace,
 }
 
 impl std::fmt::Debug for Services<'_> {
@@ -162,6 +182,8 @@ impl<'b> Services<'b> {
             defects,
             backend_timeout,
             requests: Vec::new(),
+            deadlines: None,
+            restart: RestartScope::Process,
             redis_restarted: false,
         }
     }
@@ -277,10 +299,17 @@ impl<'b> Services<'b> {
     async fn slow_backend(&mut self, version: &str, delay: Duration) -> Result<()> {
         match self.backend_faults {
             BackendFaults::Programs => {
+                let behaviour = match &self.deadlines {
+                    Some(deadlines) => Behaviour::Stall {
+                        delay,
+                        deadlines: Stalls(deadlines.clone()),
+                    },
+                    None => Behaviour::Delay(delay),
+                };
                 let guard = self
                     .bed
                     .backend(version)?
-                    .program(self.keys.prefix(), Behaviour::Delay(delay))
+                    .program(self.keys.prefix(), behaviour)
                     .await?;
                 self.programs.insert(version.to_owned(), guard);
             }
@@ -363,10 +392,49 @@ impl<'b> Services<'b> {
     }
 
     async fn restart_redis(&mut self) -> Result<()> {
-        self.bed.restart(Target::Redis).await?;
+        match self.restart {
+            RestartScope::Process => {
+                self.bed.restart(Target::Redis).await?;
+            }
+            RestartScope::Namespace => {
+                for link in &self.links {
+                    link.links.redis.disable().await?;
+                }
+                let flushed = self.flush_namespace().await;
+                for link in &self.links {
+                    link.links.redis.enable().await?;
+                }
+                flushed?;
+            }
+        }
         self.reconnect().await?;
         self.redis_restarted = true;
         Ok(())
+    }
+
+    /// Deletes every key of the case's namespace (what a restart of a Redis without persistence
+    /// loses), through the harness's connection.
+    async fn flush_namespace(&self) -> Result<()> {
+        let mut redis = self.admin.redis.clone();
+        let pattern = format!("{}*", self.keys.prefix());
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(10_000)
+                .query_async(&mut redis)
+                .await?;
+            if !keys.is_empty() {
+                let _: i64 = redis::cmd("DEL").arg(&keys).query_async(&mut redis).await?;
+            }
+            if next == 0 {
+                return Ok(());
+            }
+            cursor = next;
+        }
     }
 
     /// Undoes every lasting fault: links enabled, toxics removed, backend programs dropped.

@@ -1,6 +1,10 @@
-//! Certification: runs suites on one test bed, each as a proptest exploration of controlled
-//! schedules against the worker under test, and collects a [`Report`]. Blocking (it drives the
-//! synchronous proptest runner): call it from a thread that is not a runtime worker.
+//! Certification: runs suites on one test bed, each as a coverage-guided exploration of
+//! controlled schedules against the worker under test, and collects a [`Report`]. A run has a
+//! total time budget ([`DEFAULT_BUDGET`], or `--budget`) that it spends: each suite gets its own
+//! `time_budget_s` if its file sets one, the others share what is left, and time a suite does not
+//! use (it found its failure early) goes to the suites after it. A fixed case count (`--cases`,
+//! or `cases` in a suite file) replaces the budget, for exact reproduction. Blocking (it drives
+//! the synchronous proptest runner): call it from a thread that is not a runtime worker.
 
 use crate::contract::defect::Defects;
 use crate::env::TestBed;
@@ -11,14 +15,21 @@ use crate::schedule::file::{Found, ScheduleFile};
 use crate::suite::file::LoadedSuite;
 use crate::{Error, Result};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// The time budget of a certification run unless `--budget` says otherwise: what a team gives a
+/// check before a rollout, spent across the suites.
+pub const DEFAULT_BUDGET: Duration = Duration::from_secs(60);
 
 /// What to certify and how.
 #[derive(Debug, Clone)]
 pub struct CertifyOptions {
     /// Defects to switch on in the reference worker.
     pub defects: Defects,
-    /// Overrides every suite's case count.
+    /// A fixed case count for every suite (exact reproduction; no time budget).
     pub cases: Option<u32>,
+    /// The run's total time budget (None: [`DEFAULT_BUDGET`]).
+    pub budget: Option<Duration>,
     /// Overrides every suite's seed.
     pub seed: Option<u64>,
     /// Run only shard `i` of `n` (1-based): suites whose index in name order is `i-1` mod `n`.
@@ -36,6 +47,7 @@ impl Default for CertifyOptions {
         CertifyOptions {
             defects: Defects::default(),
             cases: None,
+            budget: None,
             seed: None,
             shard: None,
             regressions: None,
@@ -77,13 +89,19 @@ pub fn shard_of(mut suites: Vec<LoadedSuite>, shard: Option<(u32, u32)>) -> Vec<
     }
 }
 
-/// The command that reproduces case `case` of a suite.
-pub fn replay_command(suite: &LoadedSuite, seed: u64, case: u32, defects: &Defects) -> String {
-    // Case 0: a replayed regression; exploring again replays it first.
-    let mut command = if case == 0 {
-        format!("racecert run {} --seed {seed}", suite.path)
-    } else {
-        format!("racecert run {} --seed {seed} --case {case}", suite.path)
+/// The command that regenerates proptest case `case` of a suite (None: a replayed regression or
+/// a mutant; exploring again with the seed replays the regressions first).
+pub fn replay_command(
+    suite: &LoadedSuite,
+    seed: u64,
+    case: Option<u32>,
+    defects: &Defects,
+) -> String {
+    let mut command = match case {
+        Some(case) if case > 0 => {
+            format!("racecert run {} --seed {seed} --case {case}", suite.path)
+        }
+        _ => format!("racecert run {} --seed {seed}", suite.path),
     };
     for defect in defects.iter() {
         command.push_str(&format!(" --defect {defect}"));
@@ -110,6 +128,33 @@ fn not_judged(invariants: &[crate::check::Invariant], recorded: bool) -> Vec<Str
         .collect()
 }
 
+/// The time budget of suite `index` of `suites` when the run has `left` of its budget: its own
+/// if its file sets one, else an equal share of what the later suites do not reserve for their
+/// own. None for a fixed case count.
+pub fn suite_budget(
+    suites: &[LoadedSuite],
+    index: usize,
+    left: Duration,
+    options: &CertifyOptions,
+) -> Option<Duration> {
+    let fixed = |s: &LoadedSuite| options.cases.or(s.suite.cases).is_some();
+    let loaded = &suites[index];
+    if fixed(loaded) {
+        return None;
+    }
+    if let Some(own) = loaded.time_budget {
+        return Some(own);
+    }
+    let later = &suites[index..];
+    let reserved: Duration = later.iter().filter_map(|s| s.time_budget).sum();
+    let sharing = later
+        .iter()
+        .filter(|s| !fixed(s) && s.time_budget.is_none())
+        .count()
+        .max(1);
+    Some(left.saturating_sub(reserved) / sharing as u32)
+}
+
 /// Runs `suites` (already sharded) and returns the report. `progress(suite, cases_done)` is
 /// called after every case.
 pub fn certify(
@@ -120,14 +165,22 @@ pub fn certify(
     progress: impl Fn(&str, u32) + Send + Sync + Clone + 'static,
 ) -> Result<Report> {
     let mut report = Report::new(options.shard);
-    for loaded in suites {
+    let started = Instant::now();
+    let total = options.budget.unwrap_or(DEFAULT_BUDGET);
+    for (index, loaded) in suites.iter().enumerate() {
         if let Some(signal) = crate::interrupt::requested() {
             report.interrupted = Some(crate::interrupt::name(signal));
             break;
         }
         let suite = loaded.suite.clone().with_defects(options.defects.clone());
         let seed = options.seed.unwrap_or(loaded.seed);
-        let cases = options.cases.unwrap_or(suite.cases);
+        let budget = suite_budget(
+            suites,
+            index,
+            total.saturating_sub(started.elapsed()),
+            options,
+        );
+        let cases = options.cases.or(suite.cases).unwrap_or(u32::MAX);
         let regressions = match (&options.regressions, options.defects.iter().next()) {
             // Past failures of the worker under test are replayed first; runs with defects
             // would only record the defects' expected failures.
@@ -140,7 +193,7 @@ pub fn certify(
             cases,
             seed,
             regressions,
-            time_budget: Some(loaded.time_budget),
+            time_budget: budget,
             concurrency: options.concurrency,
             progress: Some(Progress(std::sync::Arc::new(move |done| {
                 callback(&name, done)
@@ -158,7 +211,7 @@ pub fn certify(
                 let case = explored
                     .counterexample
                     .as_ref()
-                    .map_or(0, |c| c.found_after.0);
+                    .and_then(|c| c.generated_case);
                 let mut outcome = SuiteOutcome::from_exploration(
                     &suite.name,
                     &loaded.path,
@@ -173,6 +226,7 @@ pub fn certify(
                     &suite.settings.invariants,
                     bed.records_wire() && suite.settings.wire,
                 );
+                outcome.budget_ms = budget.map(|b| b.as_millis() as u64);
                 if let (Some(dir), Some(found), Some(report)) = (
                     &options.schedules,
                     &explored.counterexample,
@@ -181,7 +235,10 @@ pub fn certify(
                     let path = dir.join(schedule_file_name(&suite.name, &options.defects));
                     let mut file =
                         ScheduleFile::new(&suite.name, &suite.settings, found.schedule.clone());
-                    file.found = Some(Found { seed, case });
+                    file.found = Some(Found {
+                        seed,
+                        case: found.found_after.0,
+                    });
                     file.violated = crate::check::broken(&found.result.violations)
                         .into_iter()
                         .collect();
@@ -198,6 +255,10 @@ pub fn certify(
                 seed,
                 cases_run: 0,
                 elapsed_ms: 0,
+                budget_ms: budget.map(|b| b.as_millis() as u64),
+                mutants_run: 0,
+                corpus: 0,
+                interleavings: 0,
                 held: false,
                 expect_pass: loaded.expect_pass,
                 coverage: Vec::new(),
@@ -285,6 +346,14 @@ pub async fn certify_external(
         seed,
         cases_run: ran,
         elapsed_ms: started.elapsed().as_millis() as u64,
+        budget_ms: None,
+        mutants_run: 0,
+        interleavings: coverage
+            .reached
+            .iter()
+            .filter(|r| r.is_interleaving())
+            .count() as u32,
+        corpus: 0,
         held,
         expect_pass: true,
         not_covered: coverage_rows
@@ -388,6 +457,10 @@ pub async fn certify_external_wire(
             seed: search.seed,
             cases_run: report.cases,
             elapsed_ms: report.elapsed.as_millis() as u64,
+            budget_ms: Some(search.budget.as_millis() as u64),
+            mutants_run: 0,
+            corpus: 0,
+            interleavings: 0,
             held,
             expect_pass: true,
             not_covered: Vec::new(),

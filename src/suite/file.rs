@@ -23,11 +23,14 @@ struct SuiteFile {
     name: Spanned<String>,
     #[serde(default)]
     description: String,
-    cases: Spanned<i64>,
+    /// A fixed number of cases (exact reproduction) instead of a time budget.
+    #[serde(default)]
+    cases: Option<Spanned<i64>>,
     #[serde(default = "default_seed")]
     seed: u64,
-    /// Wall-clock budget of the suite, seconds.
-    time_budget_s: Spanned<i64>,
+    /// Wall-clock budget of the suite, seconds (default: its share of the run's budget).
+    #[serde(default)]
+    time_budget_s: Option<Spanned<f64>>,
     /// `pass` (every invariant must hold) or `fail` (a demonstration suite that must be caught).
     #[serde(default = "default_expected")]
     expected: Spanned<String>,
@@ -138,8 +141,8 @@ pub struct LoadedSuite {
     pub path: String,
     /// The default seed.
     pub seed: u64,
-    /// Wall-clock budget.
-    pub time_budget: Duration,
+    /// Its own wall-clock budget (None: a share of the certification's).
+    pub time_budget: Option<Duration>,
     /// Whether it is expected to pass.
     pub expect_pass: bool,
 }
@@ -195,8 +198,35 @@ pub fn parse(text: &str, origin: &str) -> Result<LoadedSuite> {
             format!("name {name:?} must be non-empty letters, digits, '-' or '_'"),
         ));
     }
-    let cases = positive(&file.cases, "cases")?;
-    let budget = positive(&file.time_budget_s, "time_budget_s")?;
+    let cases = file
+        .cases
+        .as_ref()
+        .map(|cases| positive(cases, "cases"))
+        .transpose()?;
+    let budget = match &file.time_budget_s {
+        Some(budget) if !(budget.get_ref().is_finite() && *budget.get_ref() > 0.0) => {
+            return Err(at(
+                budget.span(),
+                format!(
+                    "time_budget_s must be a positive number of seconds, got {}",
+                    budget.get_ref()
+                ),
+            ));
+        }
+        Some(budget) => Some(Duration::from_secs_f64(*budget.get_ref())),
+        None => None,
+    };
+    if let (Some(cases), Some(budget)) = (&file.cases, &file.time_budget_s) {
+        let (first, _) = if cases.span().start < budget.span().start {
+            (cases.span(), budget.span())
+        } else {
+            (budget.span(), cases.span())
+        };
+        return Err(at(
+            first,
+            "give cases (a fixed number, for exact reproduction) or time_budget_s (spent on as many cases as fit), not both".into(),
+        ));
+    }
     let backend = positive(&file.timeouts.backend_ms, "timeouts.backend_ms")?;
     let lease = positive(&file.timeouts.lease_ttl_ms, "timeouts.lease_ttl_ms")?;
     let visibility = positive(&file.timeouts.visibility_ms, "timeouts.visibility_ms")?;
@@ -378,11 +408,11 @@ pub fn parse(text: &str, origin: &str) -> Result<LoadedSuite> {
                 max_steps: max_steps as usize,
                 faults,
             },
-            cases: cases.min(u64::from(u32::MAX)) as u32,
+            cases: cases.map(|cases| cases.min(u64::from(u32::MAX)) as u32),
         },
         path: origin.to_owned(),
         seed: file.seed,
-        time_budget: Duration::from_secs(budget),
+        time_budget: budget,
         expect_pass,
     })
 }
@@ -394,7 +424,6 @@ mod tests {
     const GOOD: &str = r#"
 name = "lease-expiry"
 cases = 64
-time_budget_s = 60
 [versions]
 v1 = "model-backend-A"
 v2 = "model-backend-B"
@@ -444,7 +473,7 @@ kinds = ["lease-expiry", "retry-overlap"]
     fn impossible_settings_are_refused_with_their_place() {
         let err = error_of(&GOOD.replace("lease_ttl_ms = 60000", "lease_ttl_ms = -5"));
         assert!(
-            err.contains("s.toml:16:16") && err.contains("positive"),
+            err.contains("s.toml:15:16") && err.contains("positive"),
             "{err}"
         );
         let err = error_of(&GOOD.replace("lease_ttl_ms = 60000", "lease_ttl_ms = 100"));
@@ -455,5 +484,26 @@ kinds = ["lease-expiry", "retry-overlap"]
         assert!(err.contains("not among versions"), "{err}");
         let err = error_of(&GOOD.replace("cases = 64", "cases = 0"));
         assert!(err.contains("cases must be a positive number"), "{err}");
+        let err = error_of(&GOOD.replace("cases = 64", "time_budget_s = -1.5"));
+        assert!(
+            err.contains("s.toml:3:17") && err.contains("positive number of seconds"),
+            "{err}"
+        );
+        let err = error_of(&GOOD.replace("cases = 64", "cases = 64\ntime_budget_s = 5"));
+        assert!(
+            err.contains("s.toml:3:9") && err.contains("not both"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_suite_has_a_case_count_or_a_budget_or_neither() {
+        let fixed = parse(GOOD, "s.toml").unwrap();
+        assert_eq!((fixed.suite.cases, fixed.time_budget), (Some(64), None));
+        let budgeted = parse(&GOOD.replace("cases = 64", "time_budget_s = 7.5"), "s.toml").unwrap();
+        assert_eq!(budgeted.suite.cases, None);
+        assert_eq!(budgeted.time_budget, Some(Duration::from_millis(7500)));
+        let shared = parse(&GOOD.replace("cases = 64\n", ""), "s.toml").unwrap();
+        assert_eq!((shared.suite.cases, shared.time_budget), (None, None));
     }
 }

@@ -1,4 +1,5 @@
-//! Certification suites: which workers run, which faults a schedule may contain, how many cases.
+//! Certification suites: which workers run, which faults a schedule may contain, and how long
+//! (a time budget, or a fixed number of cases).
 //! [`builtin`] lists the suites racecert ships, one per fault of the seed plus a full v1 -> v2
 //! rollout; every one of them must pass on the reference worker and report its fault coverage.
 
@@ -24,8 +25,8 @@ pub struct Suite {
     pub settings: CaseSettings,
     /// The schedules it generates.
     pub space: ScheduleSpace,
-    /// Cases per run.
-    pub cases: u32,
+    /// A fixed number of cases per run (exact reproduction); None: the run spends a time budget.
+    pub cases: Option<u32>,
 }
 
 impl Suite {

@@ -159,12 +159,12 @@ async fn malformed_suites_are_refused_with_file_line_and_column(
     let cases = [
         (
             "syntax.toml",
-            good.replace("cases = 64", "cases = = 64"),
+            good.replace("seed = 1", "seed = = 1"),
             "syntax.toml:4:",
         ),
         (
             "unknown.toml",
-            good.replace("cases = 64", "cases = 64\nretries = 3"),
+            good.replace("seed = 1", "seed = 1\nretries = 3"),
             "unknown.toml:5:1",
         ),
         (

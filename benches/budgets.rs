@@ -1,0 +1,321 @@
+//! Budget benchmark: what a certification run's time buys. `cargo bench --bench budgets` (or
+//! `-- floor throughput detection` for some sections). It prints numbers and asserts nothing:
+//!
+//! 1. `floor`: the round-trip floor, the cases per second of the smallest case there is (one
+//!    request that one worker takes through its whole flow: submit, receive, lease, take, cache
+//!    read, backend call, fenced write, ack, release, then the drain and the history read back).
+//!    Every case makes at least these round trips, so no suite can beat it.
+//! 2. `throughput`: cases per second of every shipped suite as `explore` runs them (seed 0, the
+//!    default concurrency), and each suite's ratio to the floor.
+//! 3. `detection`: per named defect, the cases and seconds an exploration of its suite needs to
+//!    meet the first failing case (no shrinking), seeds 0..10.
+//! 4. `default`: per named defect, whether its suite, explored as a default `certify` explores it
+//!    (seeds 1..=10, shrinking on), catches it for the right reason. What "default" means is the
+//!    side's: `RACECERT_BENCH_DEFAULT=cases:64` (a fixed case count, before budgets) or
+//!    `budget:7.5` (seconds: the suite's share of the default 60 s budget of the 8 suites).
+//!
+//! It uses only library API that racecert had before time budgets (commit b64dc10), so the same
+//! file measures both sides of BENCHMARKS.md's "Time budgets" section in one sitting
+//! (`scripts/bench-budgets.sh` copies it into the before tree).
+
+use racecert::contract::checkpoint::Checkpoint;
+use racecert::contract::defect::{Defect, Defects};
+use racecert::env::TestBed;
+use racecert::schedule::controlled::Controller;
+use racecert::schedule::explore::{ExploreConfig, explore};
+use racecert::schedule::{RequestSpec, Schedule, Step};
+use racecert::suite::{Suite, builtin};
+use std::time::{Duration, Instant};
+use tokio::runtime::Runtime;
+
+/// Cases of the floor measurement.
+const FLOOR_CASES: usize = 200;
+/// Cases per suite for throughput.
+const THROUGHPUT_CASES: u32 = 300;
+/// Seeds of the detection measurement.
+const DETECTION_SEEDS: u64 = 10;
+/// Cases an exploration may use to find a defect.
+const DETECTION_CASES: u32 = 2000;
+
+fn suite(name: &str) -> anyhow::Result<Suite> {
+    builtin()
+        .into_iter()
+        .find(|s| s.name == name)
+        .ok_or_else(|| anyhow::anyhow!("no built-in suite {name}"))
+}
+
+/// The smallest case: one request, worker #0 takes it to done.
+fn floor_schedule() -> Schedule {
+    Schedule {
+        requests: vec![RequestSpec {
+            request_id: "req-0".into(),
+            input: "input-0".into(),
+        }],
+        steps: vec![Step::Run {
+            worker: 0,
+            to: Checkpoint::Done,
+        }],
+    }
+}
+
+/// Cases per second of the floor schedule at `concurrency` cases in flight, and the mean latency
+/// of one case.
+fn floor_at(rt: &Runtime, bed: &TestBed, concurrency: usize) -> anyhow::Result<(f64, Duration)> {
+    use futures::StreamExt;
+    let suite = suite("lease-expiry")?;
+    let controller = rt.block_on(Controller::new(bed, suite.settings.clone()))?;
+    let schedule = floor_schedule();
+    // Warm the pooled links first: a suite's first cases open them.
+    for _ in 0..concurrency {
+        rt.block_on(controller.run(&schedule))?;
+    }
+    let started = Instant::now();
+    let latencies: Vec<anyhow::Result<Duration>> = rt.block_on(
+        futures::stream::iter(0..FLOOR_CASES)
+            .map(|_| async {
+                let at = Instant::now();
+                let result = controller.run(&schedule).await?;
+                anyhow::ensure!(
+                    result.violations.is_empty(),
+                    "the floor case broke an invariant"
+                );
+                Ok(at.elapsed())
+            })
+            .buffer_unordered(concurrency)
+            .collect(),
+    );
+    let elapsed = started.elapsed();
+    let mut total = Duration::ZERO;
+    for latency in latencies {
+        total += latency?;
+    }
+    Ok((
+        FLOOR_CASES as f64 / elapsed.as_secs_f64(),
+        total / FLOOR_CASES as u32,
+    ))
+}
+
+fn floor(rt: &Runtime, bed: &TestBed) -> anyhow::Result<f64> {
+    let concurrency = ExploreConfig::default().concurrency;
+    println!(
+        "\n## 1. Round-trip floor: the smallest case ({FLOOR_CASES} runs; one request, one worker to done)"
+    );
+    let (one, latency) = floor_at(rt, bed, 1)?;
+    println!(
+        "floor x1: {one:.1} cases/s, mean {:.2} ms a case",
+        ms(latency)
+    );
+    let (k, latency) = floor_at(rt, bed, concurrency)?;
+    println!(
+        "floor x{concurrency} (default): {k:.1} cases/s, mean {:.2} ms a case",
+        ms(latency)
+    );
+    Ok(k)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn throughput(rt: &Runtime, bed: &TestBed, floor: Option<f64>) -> anyhow::Result<()> {
+    let concurrency = ExploreConfig::default().concurrency;
+    println!(
+        "\n## 2. Cases per second through `explore` ({THROUGHPUT_CASES} cases, seed 0, x{concurrency}); ratio = suite / floor"
+    );
+    println!(
+        "{:<24} {:>9} {:>7} {:>8} {:>7}",
+        "suite", "cases/s", "cases", "seconds", "ratio"
+    );
+    let mut names: Vec<String> = builtin().into_iter().map(|s| s.name).collect();
+    names.sort();
+    for name in names {
+        let suite = suite(&name)?;
+        let controller = rt.block_on(Controller::new(bed, suite.settings.clone()))?;
+        let config = ExploreConfig {
+            cases: THROUGHPUT_CASES,
+            seed: 0,
+            ..ExploreConfig::default()
+        };
+        let report = explore(rt.handle(), &controller, &suite.space, &config)?;
+        let secs = report.elapsed.as_secs_f64();
+        let rate = f64::from(report.cases_run) / secs;
+        let ratio = floor.map_or("-".to_owned(), |f| format!("{:.2}", rate / f));
+        let verdict = if report.counterexample.is_some() {
+            "  UNEXPECTED failure"
+        } else {
+            ""
+        };
+        println!(
+            "{name:<24} {rate:>9.1} {:>7} {secs:>8.2} {ratio:>7}{verdict}",
+            report.cases_run
+        );
+    }
+    Ok(())
+}
+
+fn detection(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
+    println!(
+        "\n## 3. Cases to the first failing case per defect (seeds 0..{DETECTION_SEEDS}, <= {DETECTION_CASES} cases, no shrinking)"
+    );
+    println!(
+        "{:<28} {:<24} {:>8} {:>10} {:>9} {:>8} {:>7}",
+        "defect", "suite", "detected", "mean cases", "max cases", "mean s", "max s"
+    );
+    for defect in Defect::ALL {
+        let name = racecert::suite::catching(defect).suite;
+        let suite = suite(name)?.with_defects(Defects::of([defect]));
+        let controller = rt.block_on(Controller::new(bed, suite.settings.clone()))?;
+        let mut found = Vec::new();
+        for seed in 0..DETECTION_SEEDS {
+            let config = ExploreConfig {
+                cases: DETECTION_CASES,
+                seed,
+                max_shrink_iters: 0,
+                ..ExploreConfig::default()
+            };
+            match explore(rt.handle(), &controller, &suite.space, &config) {
+                Ok(report) => found.push(report.counterexample.map(|c| c.found_after)),
+                Err(err) => {
+                    println!("  {} seed {seed}: harness error: {err}", defect.name());
+                    found.push(None);
+                }
+            }
+        }
+        let hits: Vec<(u32, Duration)> = found.iter().flatten().copied().collect();
+        let n = hits.len().max(1) as f64;
+        let mean_cases = hits.iter().map(|(c, _)| f64::from(*c)).sum::<f64>() / n;
+        let max_cases = hits.iter().map(|(c, _)| *c).max().unwrap_or(0);
+        let mean_s = hits.iter().map(|(_, t)| t.as_secs_f64()).sum::<f64>() / n;
+        let max_s = hits
+            .iter()
+            .map(|(_, t)| t.as_secs_f64())
+            .fold(0.0, f64::max);
+        println!(
+            "{:<28} {name:<24} {:>5}/{DETECTION_SEEDS} {mean_cases:>10.1} {max_cases:>9} {mean_s:>8.2} {max_s:>7.2}",
+            defect.name(),
+            hits.len()
+        );
+        let per_seed: Vec<String> = found
+            .iter()
+            .map(|f| f.map_or("-".to_owned(), |(c, _)| c.to_string()))
+            .collect();
+        println!("    cases per seed: {}", per_seed.join(" "));
+    }
+    Ok(())
+}
+
+/// How a default `certify` explores a suite on this side (see the module docs).
+fn default_run() -> anyhow::Result<(u32, Option<Duration>)> {
+    let spec = std::env::var("RACECERT_BENCH_DEFAULT").unwrap_or_else(|_| "budget:7.5".into());
+    match spec.split_once(':') {
+        Some(("cases", n)) => Ok((n.parse()?, None)),
+        Some(("budget", secs)) => Ok((u32::MAX, Some(Duration::from_secs_f64(secs.parse()?)))),
+        _ => anyhow::bail!("RACECERT_BENCH_DEFAULT={spec:?}: expected cases:N or budget:SECONDS"),
+    }
+}
+
+fn default_certify(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
+    let (cases, budget) = default_run()?;
+    println!(
+        "\n## 4. Default certification per defect (seeds 1..={DETECTION_SEEDS}; cases {}, budget {:?}; shrinking on)",
+        if cases == u32::MAX {
+            "unbounded".to_owned()
+        } else {
+            cases.to_string()
+        },
+        budget
+    );
+    println!(
+        "{:<28} {:<24} {:>8} {:>10} {:>9} {:>10}",
+        "defect", "suite", "caught", "mean cases", "max cases", "mean s"
+    );
+    for defect in Defect::ALL {
+        let catching = racecert::suite::catching(defect);
+        let suite = suite(catching.suite)?.with_defects(Defects::of([defect]));
+        let controller = rt.block_on(Controller::new(bed, suite.settings.clone()))?;
+        let mut caught = Vec::new();
+        let mut notes = Vec::new();
+        for seed in 1..=DETECTION_SEEDS {
+            let config = ExploreConfig {
+                cases,
+                seed,
+                time_budget: budget,
+                ..ExploreConfig::default()
+            };
+            let started = Instant::now();
+            match explore(rt.handle(), &controller, &suite.space, &config) {
+                Ok(report) => match report.counterexample {
+                    Some(found) => {
+                        let broken = found
+                            .result
+                            .violations
+                            .iter()
+                            .map(|v| v.invariant)
+                            .collect();
+                        let missing = catching.missing(&broken);
+                        if missing.is_empty() {
+                            caught.push((found.found_after.0, started.elapsed()));
+                        } else {
+                            notes.push(format!("seed {seed}: caught for another reason"));
+                        }
+                    }
+                    None => notes.push(format!(
+                        "seed {seed}: not caught in {} cases",
+                        report.cases_run
+                    )),
+                },
+                Err(err) => notes.push(format!("seed {seed}: harness error: {err}")),
+            }
+        }
+        let n = caught.len().max(1) as f64;
+        println!(
+            "{:<28} {:<24} {:>5}/{DETECTION_SEEDS} {:>10.1} {:>9} {:>10.2}",
+            defect.name(),
+            catching.suite,
+            caught.len(),
+            caught.iter().map(|(c, _)| f64::from(*c)).sum::<f64>() / n,
+            caught.iter().map(|(c, _)| *c).max().unwrap_or(0),
+            caught.iter().map(|(_, t)| t.as_secs_f64()).sum::<f64>() / n,
+        );
+        for note in notes {
+            println!("    {note}");
+        }
+    }
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let wanted = |section: &str| args.is_empty() || args.iter().any(|a| a == section);
+    println!("racecert budgets benchmark (numbers only, no assertions)");
+    let started = Instant::now();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let bed = rt.block_on(TestBed::builder().start())?;
+    println!("test bed up in {:.2?}", bed.startup_time());
+    let outcome = (|| -> anyhow::Result<()> {
+        let floor = if wanted("floor") || wanted("throughput") {
+            Some(floor(&rt, &bed)?)
+        } else {
+            None
+        };
+        if wanted("throughput") {
+            throughput(&rt, &bed, floor)?;
+        }
+        if wanted("detection") {
+            detection(&rt, &bed)?;
+        }
+        if wanted("default") {
+            default_certify(&rt, &bed)?;
+        }
+        Ok(())
+    })();
+    rt.block_on(bed.shutdown());
+    outcome?;
+    println!("\ntotal {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
