@@ -580,7 +580,7 @@ async fn certify_external_command(
             );
             let bar = &bars["external-wire"];
             let schedules = out.join("schedules");
-            let (outcome, report) = racecert::suite::certify::certify_external_wire(
+            let searched = racecert::suite::certify::certify_external_wire(
                 bed,
                 command,
                 &search,
@@ -588,8 +588,14 @@ async fn certify_external_command(
                 Some(&schedules),
                 |done| bar.set_position(u64::from(done)),
             )
-            .await?;
+            .await;
             bar.finish();
+            // Stopped by a signal before a case ended: the partial report says so, with no
+            // verdict of the wire search.
+            let (outcome, report) = match searched {
+                Err(racecert::Error::Interrupted(_)) => return Ok((None, None)),
+                other => other?,
+            };
             println!(
                 "wire schedules: {} case(s) in {:.1} s ({:.1}/s), {} with a held worker that timed \
                  out; {}",
@@ -611,6 +617,9 @@ async fn certify_external_command(
             );
             wire = Some(outcome);
         }
+        if racecert::interrupt::requested().is_some() {
+            return Ok((wire, None));
+        }
         let bars = progress_bars([("external-fleet".to_owned(), Some(u64::from(rounds)))], "runs");
         let bar = &bars["external-fleet"];
         let outcome = racecert::suite::certify::certify_external(
@@ -623,13 +632,16 @@ async fn certify_external_command(
         )
         .await;
         bar.finish();
-        Ok((wire, outcome?))
+        match outcome {
+            Err(racecert::Error::Interrupted(_)) => Ok((wire, None)),
+            other => Ok((wire, Some(other?))),
+        }
     })
     .await?;
     let mut report = Report::new(None);
     // Which runner found what: one suite each.
     report.suites.extend(wire);
-    report.suites.push(outcome);
+    report.suites.extend(outcome);
     report.interrupted = racecert::interrupt::requested().map(racecert::interrupt::name);
     report.write_all(out)?;
     print!("{}", report.terminal_with(color));

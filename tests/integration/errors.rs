@@ -137,7 +137,7 @@ async fn a_bad_suite_file_is_refused_at_its_line_and_column(_bed: &TestBed) -> a
     let bad = write(
         &dir,
         "typo.toml",
-        &good.replace("cases = 64", "cases = 64\ncasees = 3"),
+        &good.replace("seed = 1\n", "seed = 1\ncasees = 3\n"),
     )?;
     // A good suite beside it: nothing may run, not even that one.
     racecert(
