@@ -277,7 +277,7 @@ impl Processes {
     /// When every process has exited by itself without a line on stdout, the command cannot run
     /// as a worker (a typo, a missing dependency, a crash at start): what it said, to report
     /// instead of a verdict on jobs nobody worked on.
-    async fn exited_at_once(&mut self) -> Option<String> {
+    pub(crate) async fn exited_at_once(&mut self) -> Option<String> {
         let mut statuses = Vec::new();
         for proc in &mut self.procs {
             match proc.child.try_wait() {

@@ -715,6 +715,11 @@ impl<'b> Case<'b> {
         let mut notes = Vec::new();
         for gate in &gates {
             if gate.arrival(settings.start, &mut notes).await.is_none() {
+                // A command that cannot run as a worker gets an error with what it said, not a
+                // verdict on jobs nobody worked on.
+                if let Some(message) = processes.exited_at_once().await {
+                    return Err(Error::Config(message));
+                }
                 notes.push(format!(
                     "{} sent no request within {} s of its start (see its stderr)",
                     gate.worker,
