@@ -55,8 +55,10 @@ pub struct FleetSettings {
     /// Fault kinds drawn from (worker-crash = SIGKILL, lease-expiry = SIGSTOP past the TTL,
     /// cutover = rolling restart onto the last version, upstream-timeout, partition).
     pub faults: Vec<FaultKind>,
-    /// Lease TTL given to the workers.
+    /// Lease TTL given to the workers (all of them, or half if `long_lease_ttl` is set).
     pub lease_ttl: Duration,
+    /// A longer lease TTL for every other worker (which ones turns with the seed).
+    pub long_lease_ttl: Option<Duration>,
     /// Visibility timeout given to the workers.
     pub visibility_timeout: Duration,
     /// Backend timeout given to the workers.
@@ -64,6 +66,14 @@ pub struct FleetSettings {
 }
 
 impl FleetSettings {
+    /// The lease TTL worker `index` is given.
+    pub fn lease_ttl_of(&self, index: usize) -> Duration {
+        match self.long_lease_ttl {
+            Some(long) if (index as u64 + self.seed) % 2 == 1 => long,
+            _ => self.lease_ttl,
+        }
+    }
+
     /// Two v1 and two v2 workers of `command`, every process fault, 8 seconds.
     pub fn mixed_fleet(command: &str, seed: u64) -> FleetSettings {
         let worker = |id: &str, version: &str| WorkerSpec {
@@ -98,11 +108,14 @@ impl FleetSettings {
             ],
             // The visibility timeout is shorter than the backend timeout on purpose: that is the
             // seed's "visibility timeout shorter than real inference time", the fault that lets a
-            // paused attempt come back and finish its call after its job was redelivered. Runs
-            // alternate the lease TTL around it: shorter (the redelivery finds the lease expired
-            // and takes the job over) and longer (the redelivery meets a live lease, which a
-            // worker must respect: skip the duplicate, never overwrite the lease).
-            lease_ttl: Duration::from_millis(if seed.is_multiple_of(2) { 1200 } else { 2600 }),
+            // paused attempt come back and finish its call after its job was redelivered. The
+            // workers' lease TTLs straddle it: shorter for every other worker (a redelivery finds
+            // the lease expired and takes the job over) and longer for the rest (a redelivery
+            // meets a live lease, which a worker must respect: skip the duplicate, never
+            // overwrite the lease), so every run has both; which worker gets which turns with
+            // the seed.
+            lease_ttl: Duration::from_millis(1200),
+            long_lease_ttl: Some(Duration::from_millis(2600)),
             visibility_timeout: Duration::from_millis(1500),
             backend_timeout: Duration::from_millis(3000),
         }
@@ -425,7 +438,8 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
     // of its own for Redis, Postgres and each backend, which its restarts keep.
     let mut links = Vec::new();
     let mut envs = Vec::new();
-    for _ in &settings.workers {
+    for index in 0..settings.workers.len() {
+        let lease_ttl = settings.lease_ttl_of(index);
         let link = WorkerLink::open(bed, true, false).await?;
         let mut by_version = BTreeMap::new();
         for (version, backend) in &link.backends {
@@ -439,7 +453,7 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
                     backend_url: backend.url.clone(),
                     backend_endpoint: backend.name.clone(),
                     key_prefix: keys.prefix().to_owned(),
-                    lease_ttl: settings.lease_ttl,
+                    lease_ttl,
                     visibility_timeout: settings.visibility_timeout,
                     backend_timeout: settings.backend_timeout,
                     defects: settings.defects.clone(),
@@ -692,6 +706,8 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
     recorder.observe(Observation::Drained { settled });
     let mut history =
         crate::history::collect(bed, &admin.pg, keys.prefix(), recorder.events(), requests).await?;
+    // The log-based checks take one TTL: the shortest, so no lease is taken as held longer
+    // than it could have been (the wire checks read each lease's own PX).
     history.lease_ttl_ms = Some(settings.lease_ttl.as_millis() as u64);
     history.wire_recorded = wire_recorded;
     let outputs = plane.workers.outputs.lock().expect("poisoned").clone();
