@@ -85,15 +85,7 @@ impl ScheduleFile {
 
     /// Reads a schedule file; a bad one is refused with `file:line:column` and what was wrong.
     pub fn read(path: &Path) -> Result<ScheduleFile> {
-        let text = std::fs::read_to_string(path).map_err(|err| Error::io_at(path, err))?;
-        let file: ScheduleFile = serde_json::from_str(&text).map_err(|err| {
-            Error::Config(format!(
-                "{}:{}:{}: not a schedule file: {err}",
-                path.display(),
-                err.line(),
-                err.column()
-            ))
-        })?;
+        let file: ScheduleFile = read_json(path, "schedule file")?;
         if file.format != FORMAT {
             return Err(Error::Config(format!(
                 "{}: format {:?}, expected {FORMAT:?}",
@@ -112,13 +104,31 @@ impl ScheduleFile {
 
     /// Writes it (pretty JSON), creating the directory.
     pub fn write(&self, path: &Path) -> Result<()> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|err| Error::io_at(dir, err))?;
-        }
-        let text = serde_json::to_string_pretty(self)
-            .map_err(|err| Error::other(format!("serialising a schedule: {err}")))?;
-        std::fs::write(path, text + "\n").map_err(|err| Error::io_at(path, err))
+        write_json(self, path, "schedule")
     }
+}
+
+/// Reads a JSON file of `what`; a bad one is refused with `file:line:column`.
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|err| Error::io_at(path, err))?;
+    serde_json::from_str(&text).map_err(|err| {
+        Error::Config(format!(
+            "{}:{}:{}: not a {what}: {err}",
+            path.display(),
+            err.line(),
+            err.column()
+        ))
+    })
+}
+
+/// Writes `value` as pretty JSON, creating the directory.
+pub(crate) fn write_json<T: serde::Serialize>(value: &T, path: &Path, what: &str) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|err| Error::io_at(dir, err))?;
+    }
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|err| Error::other(format!("serialising a {what}: {err}")))?;
+    std::fs::write(path, text + "\n").map_err(|err| Error::io_at(path, err))
 }
 
 #[cfg(test)]

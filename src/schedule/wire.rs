@@ -1947,15 +1947,7 @@ impl WireScheduleFile {
 
     /// Reads one; a bad one is refused with `file:line:column`.
     pub fn read(path: &Path) -> Result<WireScheduleFile> {
-        let text = std::fs::read_to_string(path).map_err(|err| Error::io_at(path, err))?;
-        let file: WireScheduleFile = serde_json::from_str(&text).map_err(|err| {
-            Error::Config(format!(
-                "{}:{}:{}: not a wire schedule file: {err}",
-                path.display(),
-                err.line(),
-                err.column()
-            ))
-        })?;
+        let file: WireScheduleFile = crate::schedule::file::read_json(path, "wire schedule file")?;
         if file.format != FORMAT {
             return Err(Error::Config(format!(
                 "{}: format {:?}, expected {FORMAT:?}",
@@ -1974,12 +1966,7 @@ impl WireScheduleFile {
 
     /// Writes it (pretty JSON), creating the directory.
     pub fn write(&self, path: &Path) -> Result<()> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|err| Error::io_at(dir, err))?;
-        }
-        let text = serde_json::to_string_pretty(self)
-            .map_err(|err| Error::other(format!("serialising a wire schedule: {err}")))?;
-        std::fs::write(path, text + "\n").map_err(|err| Error::io_at(path, err))
+        crate::schedule::file::write_json(self, path, "wire schedule")
     }
 }
 

@@ -16,6 +16,21 @@ crate::tests!(
 /// one test's live fleet is never taken for another's leftovers.
 static PYTHON_FLEETS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The Python example's script and the interpreter of its own environment (the test provisions
+/// it: created once, cached by its requirements).
+async fn python_worker() -> anyhow::Result<(&'static str, String)> {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/python-worker/worker.py"
+    );
+    let requirements = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/python-worker/requirements.txt");
+    let venv =
+        tokio::task::spawn_blocking(move || racecert::env::python::Venv::ensure(&requirements))
+            .await??;
+    Ok((script, venv.python().display().to_string()))
+}
+
 fn broken(outcome: &SuiteOutcome) -> Vec<String> {
     let names: std::collections::BTreeSet<String> = outcome
         .counterexample
@@ -99,17 +114,8 @@ async fn the_python_example_worker_passes_and_its_unfenced_variant_is_caught(
 ) -> anyhow::Result<()> {
     let _one_fleet = PYTHON_FLEETS.lock().await;
     let _shared = bed.shared().await;
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/python-worker/worker.py"
-    );
-    // The test provisions its own Python environment (created once, cached by requirements).
-    let requirements = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples/python-worker/requirements.txt");
-    let venv =
-        tokio::task::spawn_blocking(move || racecert::env::python::Venv::ensure(&requirements))
-            .await??;
-    let command = format!("{} {script}", venv.python().display());
+    let (script, python) = python_worker().await?;
+    let command = format!("{python} {script}");
     check_pair(
         bed,
         &command,
@@ -133,21 +139,13 @@ async fn the_python_examples_lease_and_cache_bugs_are_caught_on_the_wire(
 ) -> anyhow::Result<()> {
     let _one_fleet = PYTHON_FLEETS.lock().await;
     let _shared = bed.shared().await;
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/python-worker/worker.py"
-    );
-    let requirements = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples/python-worker/requirements.txt");
-    let venv =
-        tokio::task::spawn_blocking(move || racecert::env::python::Venv::ensure(&requirements))
-            .await??;
+    let (script, python) = python_worker().await?;
     for (flag, invariant) in [
         ("--release-without-check", "lease-discipline"),
         ("--lease-without-nx", "lease-discipline"),
         ("--cache-active-namespace", "no-cross-version-cache-entry"),
     ] {
-        let command = format!("{} {script} {flag}", venv.python().display());
+        let command = format!("{python} {script} {flag}");
         // Up to 8 fleet runs: the chaos fleet finds these by timing (a paused worker waking
         // while another holds its job; a redelivery meeting a live lease), not by schedule.
         let outcome = certify_external(bed, &command, 8, 1, &Defects::none(), |_| {}).await?;
