@@ -9,15 +9,67 @@
 //!    round with its own seed, counting violations and worker processes left after each run;
 //! 3. the bed removed, then racecert containers of this process left, and worker processes left.
 //!
-//! The process's resident memory (VmRSS) is sampled at the start, after the bed is up, after each
-//! suite and each fleet run, and at the end. It prints numbers and asserts nothing; BENCHMARKS.md
-//! has the results with the command.
+//! The process's resident memory (VmRSS) and its live heap (bytes allocated and not yet freed,
+//! counted by a wrapper around the system allocator) are sampled at the start, after the bed is
+//! up, after each suite and each fleet run, and at the end. The two together tell a leak (the
+//! live heap grows: something is kept) from the allocator's high water (RSS grows over a flat
+//! live heap: freed memory the allocator keeps for reuse). It prints numbers and asserts nothing;
+//! BENCHMARKS.md has the results with the command.
 
 use racecert::contract::defect::Defects;
 use racecert::env::{TestBed, python::Venv, reaper};
 use racecert::suite::certify::{CertifyOptions, certify, certify_external};
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
+
+/// Bytes allocated and not yet freed, process-wide.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// The system allocator, counting live bytes.
+struct Counting;
+
+// SAFETY: every call is forwarded to the system allocator unchanged; the counter only observes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let ptr = unsafe { System.alloc(layout) };
+        if !ptr.is_null() {
+            LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        ptr
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let ptr = unsafe { System.alloc_zeroed(layout) };
+        if !ptr.is_null() {
+            LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        ptr
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let moved = unsafe { System.realloc(ptr, layout, new_size) };
+        if !moved.is_null() {
+            LIVE.fetch_add(new_size, Ordering::Relaxed);
+            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        }
+        moved
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// The live heap, MiB.
+fn heap_mib() -> f64 {
+    LIVE.load(Ordering::Relaxed) as f64 / (1024.0 * 1024.0)
+}
 
 fn rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
@@ -64,14 +116,16 @@ fn main() -> anyhow::Result<()> {
     let total_cases = arg("--cases", 10_000);
     let fleet_runs = arg("--fleet-runs", 20);
     let rss_start = rss_mib();
+    let heap_start = heap_mib();
     let started = Instant::now();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     let bed = runtime.block_on(async { TestBed::builder().start().await })?;
     let rss_bed = rss_mib();
+    let heap_bed = heap_mib();
     println!(
-        "long runs: {total_cases} reference cases, {fleet_runs} fleet runs; test bed {} up in {:.1?}; RSS {rss_start:.1} MiB at start, {rss_bed:.1} MiB with the bed",
+        "long runs: {total_cases} reference cases, {fleet_runs} fleet runs; test bed {} up in {:.1?}; RSS {rss_start:.1} MiB at start, {rss_bed:.1} MiB with the bed; live heap {heap_start:.1} and {heap_bed:.1} MiB",
         bed.id(),
         bed.startup_time()
     );
@@ -83,6 +137,7 @@ fn main() -> anyhow::Result<()> {
     let extra = total_cases % suites.len() as u32;
     let (mut cases_run, mut violations) = (0u32, 0usize);
     let mut rss_cases = Vec::new();
+    let mut heap_cases = Vec::new();
     let phase = Instant::now();
     for (index, mut loaded) in suites.into_iter().enumerate() {
         let cases = per + u32::from((index as u32) < extra);
@@ -108,7 +163,7 @@ fn main() -> anyhow::Result<()> {
                 .map_or(0, |c| c.violations.len());
             violations += broken;
             println!(
-                "  {:<24} {:>6} cases {:>7.1}s  violations {broken}{}  RSS {:.1} MiB",
+                "  {:<24} {:>6} cases {:>7.1}s  violations {broken}{}  RSS {:.1} MiB  heap {:.1} MiB",
                 outcome.name,
                 outcome.cases_run,
                 suite_started.elapsed().as_secs_f64(),
@@ -117,10 +172,12 @@ fn main() -> anyhow::Result<()> {
                     .as_ref()
                     .map(|e| format!(" (harness error: {e})"))
                     .unwrap_or_default(),
-                rss_mib()
+                rss_mib(),
+                heap_mib()
             );
         }
         rss_cases.push(rss_mib());
+        heap_cases.push(heap_mib());
     }
     let cases_secs = phase.elapsed().as_secs_f64();
     println!(
@@ -136,6 +193,7 @@ fn main() -> anyhow::Result<()> {
     let needle = script.display().to_string();
     let (mut fleet_violations, mut fleet_left, mut fleet_held) = (0usize, 0usize, 0u32);
     let mut rss_fleet = Vec::new();
+    let mut heap_fleet = Vec::new();
     let phase = Instant::now();
     for run in 0..fleet_runs {
         let run_started = Instant::now();
@@ -157,8 +215,9 @@ fn main() -> anyhow::Result<()> {
         let left = processes(&needle);
         fleet_left += left.len();
         rss_fleet.push(rss_mib());
+        heap_fleet.push(heap_mib());
         println!(
-            "  fleet run {:>2}: {:>5.1}s  {}  worker processes left {}  RSS {:.1} MiB",
+            "  fleet run {:>2}: {:>5.1}s  {}  worker processes left {}  RSS {:.1} MiB  heap {:.1} MiB",
             run + 1,
             run_started.elapsed().as_secs_f64(),
             if broken.is_empty() {
@@ -167,7 +226,8 @@ fn main() -> anyhow::Result<()> {
                 format!("violated {broken:?}")
             },
             left.len(),
-            rss_mib()
+            rss_mib(),
+            heap_mib()
         );
     }
     let fleet_secs = phase.elapsed().as_secs_f64();
@@ -184,6 +244,7 @@ fn main() -> anyhow::Result<()> {
         .count();
     let workers_left = processes(&needle).len();
     let rss_end = rss_mib();
+    let heap_end = heap_mib();
     let first = |v: &[f64]| v.first().copied().unwrap_or(0.0);
     let last = |v: &[f64]| v.last().copied().unwrap_or(0.0);
     println!(
@@ -196,6 +257,13 @@ fn main() -> anyhow::Result<()> {
         last(&rss_cases),
         first(&rss_fleet),
         last(&rss_fleet)
+    );
+    println!(
+        "live heap MiB: start {heap_start:.1}, bed up {heap_bed:.1}, after the first suite {:.1}, after the last suite {:.1}, after the first fleet run {:.1}, after the last fleet run {:.1}, end {heap_end:.1}",
+        first(&heap_cases),
+        last(&heap_cases),
+        first(&heap_fleet),
+        last(&heap_fleet)
     );
     Ok(())
 }

@@ -290,6 +290,7 @@ enum ProxyCommand {
 }
 
 fn main() -> ExitCode {
+    quiet_backend_connection_panics();
     let cli = Cli::parse();
     let color = cli.color;
     match real_main(cli, color) {
@@ -326,6 +327,31 @@ impl ColorWhen {
             }
         }
     }
+}
+
+/// wiremock panics in the task of a connection whose request body never fully arrived (a worker
+/// killed, paused past its timeout or cut off mid-request, which racecert does on purpose); the
+/// runtime confines the panic to that one connection and the mock server keeps serving. Such a
+/// panic gets one debug line instead of a backtrace that reads as if racecert had crashed; every
+/// other panic goes to the default hook.
+fn quiet_backend_connection_panics() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let in_wiremock = info
+            .location()
+            .is_some_and(|at| at.file().contains("/wiremock-"));
+        if in_wiremock {
+            let message = info
+                .payload()
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| info.payload().downcast_ref::<&str>().copied())
+                .unwrap_or("-");
+            tracing::debug!(message, "a backend connection ended mid-request");
+            return;
+        }
+        default(info);
+    }));
 }
 
 fn real_main(cli: Cli, color: ColorWhen) -> Result<ExitCode> {

@@ -196,18 +196,64 @@ impl std::fmt::Debug for ProgramGuard {
     }
 }
 
+impl ProgramGuard {
+    /// Ends the program and returns once wiremock has unmounted its mocks, so the case's next
+    /// call gets normal answers. Async code ends programs this way, never by dropping the guard
+    /// (see [`unmount`]).
+    pub async fn release(self) {
+        let mocks = self.take();
+        unmount(mocks).await;
+    }
+
+    /// Removes the program from the active ones, if it is still the case's (a newer program of
+    /// the case replaces it), and hands back its mocks' guards.
+    fn take(&self) -> Vec<MockGuard> {
+        let mut active = self.programs.active.lock().expect("poisoned");
+        match active.get(&self.prefix) {
+            Some((id, _)) if *id == self.id => active
+                .remove(&self.prefix)
+                .map(|(_, mocks)| mocks)
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Ends every program of `guards`, each as [`ProgramGuard::release`] does.
+pub async fn release_all(guards: impl IntoIterator<Item = ProgramGuard>) {
+    for guard in guards {
+        guard.release().await;
+    }
+}
+
 impl Drop for ProgramGuard {
     fn drop(&mut self) {
-        let removed = {
-            let mut active = self.programs.active.lock().expect("poisoned");
-            match active.get(&self.prefix) {
-                // Only our own: a newer program of the case replaced it already.
-                Some((id, _)) if *id == self.id => active.remove(&self.prefix),
-                _ => None,
-            }
-        };
-        // The mocks' guards are dropped outside the lock: each one takes the server's lock.
-        drop(removed);
+        // Reached only when a guard was not released (an error or panic unwound past it): the
+        // mocks are unmounted on a thread of their own, a moment later, for the reason
+        // `unmount` gives.
+        let mocks = self.take();
+        if !mocks.is_empty() {
+            std::thread::spawn(move || drop(mocks));
+        }
+    }
+}
+
+/// Unmounts scoped mocks without blocking the async thread. Dropping a wiremock `MockGuard`
+/// blocks its thread until it gets the server's state lock; on a thread that also polls other
+/// cases, one of which was just granted that lock but cannot run until the thread is free, that
+/// is a deadlock (seen: a certify run stuck for minutes, its main thread parked in the guard's
+/// drop). So the guards are dropped on a blocking-pool thread while this task waits.
+async fn unmount(mocks: Vec<MockGuard>) {
+    if mocks.is_empty() {
+        return;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            // A panic in wiremock's drop (a scoped mock's unmet expectation: racecert sets
+            // none) is not ours to propagate from here.
+            let _ = runtime.spawn_blocking(move || drop(mocks)).await;
+        }
+        Err(_) => drop(mocks),
     }
 }
 
@@ -395,7 +441,7 @@ impl ModelBackend {
             .lock()
             .expect("poisoned")
             .remove(case_prefix);
-        drop(previous);
+        unmount(previous.map(|(_, mocks)| mocks).unwrap_or_default()).await;
         let case = || {
             self.api.route().and(CaseCalls {
                 prefix: case_prefix.to_owned(),
@@ -521,6 +567,53 @@ mod tests {
         (status, response.json().await.ok())
     }
 
+    /// Many cases on one thread (as `explore` runs them) program, call and release the same
+    /// backend at once. Dropping wiremock's guards on that thread could park it for good while
+    /// another case on it had been granted the server's lock; releasing never blocks it.
+    #[test]
+    fn cases_sharing_a_thread_program_and_release_without_blocking_each_other() {
+        // On a thread of its own: a parked thread ignores timers, so the test thread watches.
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(cases_on_one_thread());
+            let _ = done.send(());
+        });
+        finished
+            .recv_timeout(Duration::from_secs(60))
+            .expect("eight cases on one thread finished 25 rounds each within a minute");
+    }
+
+    async fn cases_on_one_thread() {
+        let backend = ModelBackend::start("model-backend-A", "v1").await;
+        let case = |n: usize| {
+            let backend = &backend;
+            async move {
+                let prefix = format!("case-{n}:");
+                let key = format!("{prefix}k");
+                for round in 0..25 {
+                    let failing = backend
+                        .program(&prefix, Behaviour::Fail { status: 503 })
+                        .await
+                        .unwrap();
+                    assert_eq!(infer(backend, &key).await.0, 503, "case {n} round {round}");
+                    let replaced = backend
+                        .program(&prefix, Behaviour::Fail { status: 500 })
+                        .await
+                        .unwrap();
+                    failing.release().await;
+                    assert_eq!(infer(backend, &key).await.0, 500, "case {n} round {round}");
+                    replaced.release().await;
+                    assert_eq!(infer(backend, &key).await.0, 200, "case {n} round {round}");
+                }
+            }
+        };
+        futures::future::join_all((0..8).map(case)).await;
+    }
+
     #[tokio::test(flavor = "multi_thread")]
     async fn answers_name_their_version_and_programs_are_per_case() {
         let backend = ModelBackend::start("model-backend-B", "v2").await;
@@ -552,14 +645,15 @@ mod tests {
             200,
             "only the first two fail"
         );
-        // A new program of the case replaces the old; dropping the old guard then changes nothing.
+        // A new program of the case replaces the old; releasing the old guard then changes
+        // nothing.
         let failing = backend
             .program("case-2:", Behaviour::Fail { status: 500 })
             .await
             .unwrap();
-        drop(guard);
+        guard.release().await;
         assert_eq!(infer(&backend, "case-2:k").await.0, 500);
-        drop(failing);
+        failing.release().await;
         assert_eq!(infer(&backend, "case-2:k").await.0, 200, "program gone");
 
         let journal = backend.journal(Some("case-2:")).await;

@@ -106,6 +106,21 @@ pub struct CounterexampleReport {
     /// The command that regenerates it from the exploration's seed and case number.
     #[serde(default)]
     pub seed_replay: String,
+    /// The minimal wire schedule, when the counterexample was found by holding a black-box
+    /// worker's round trips (then `schedule` holds only its requests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wire_schedule: Option<WireScheduleText>,
+}
+
+/// A wire schedule as a report shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WireScheduleText {
+    /// Its steps after shrinking.
+    pub steps: usize,
+    /// Its steps before shrinking.
+    pub shrunk_from: usize,
+    /// One step a line.
+    pub text: String,
 }
 
 /// One suite's result.
@@ -488,6 +503,24 @@ pub fn counterexample_report(found: &Counterexample, replay: String) -> Countere
 }
 
 impl CounterexampleReport {
+    /// How big the minimal schedule is, in words: "3 wire steps", "5 steps", or, for a
+    /// free-running fleet round (whose seed is its only schedule), "a fleet round".
+    pub fn size(&self) -> String {
+        match (&self.wire_schedule, self.schedule.steps.len()) {
+            (Some(wire), _) => format!("{} wire steps", wire.steps),
+            (None, 0) => "a fleet round".to_owned(),
+            (None, steps) => format!("{steps} steps"),
+        }
+    }
+
+    /// The minimal schedule's steps, one a line.
+    pub fn schedule_lines(&self) -> String {
+        match &self.wire_schedule {
+            Some(wire) => wire.text.clone(),
+            None => self.schedule.to_string(),
+        }
+    }
+
     /// The report of a failing case: its violations, schedule, timeline and diagram.
     pub fn of_case(
         result: &CaseResult,
@@ -507,6 +540,7 @@ impl CounterexampleReport {
             seed_replay: replay.clone(),
             replay,
             schedule_file: None,
+            wire_schedule: None,
         }
     }
 }
@@ -637,11 +671,11 @@ impl Report {
                 for violation in &found.violations {
                     let _ = writeln!(
                         out,
-                        "    violated {}: {} (seed {}, {} steps)",
+                        "    violated {}: {} (seed {}, {})",
                         violation.invariant,
                         violation.observed,
                         suite.seed,
-                        found.schedule.steps.len()
+                        found.size()
                     );
                 }
                 let _ = writeln!(out, "    replay: {}", found.replay);
@@ -781,11 +815,11 @@ impl Report {
                 }
                 let _ = writeln!(
                     out,
-                    "<p>minimal schedule ({} steps), found after {} case(s); replay: <code>{}</code></p><pre>{}</pre>",
-                    found.schedule.steps.len(),
+                    "<p>minimal schedule ({}), found after {} case(s); replay: <code>{}</code></p><pre>{}</pre>",
+                    found.size(),
                     found.found_after_cases,
                     esc(&found.replay),
-                    esc(&found.schedule.to_string())
+                    esc(&found.schedule_lines())
                 );
                 out.push_str(&svg::sequence_diagram(&found.lanes, &found.diagram));
                 let _ = writeln!(out, "<h4>timeline</h4><pre>{}</pre>", esc(&found.timeline));

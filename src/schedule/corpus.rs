@@ -148,6 +148,25 @@ impl Mutator {
             Config::default(),
             TestRng::from_seed(RngAlgorithm::ChaCha, &rng.random::<[u8; 32]>()),
         );
+        // A parent that came near a kind no entry has landed set up that kind's target path and
+        // then ended (its run drained first): the same schedule with that kind's fault as its
+        // last step lands it, so half of its mutants are exactly that, unmutated otherwise (a
+        // mutation would as likely undo the set-up).
+        let near: BTreeSet<FaultKind> = entries[parent]
+            .near
+            .intersection(&missing)
+            .copied()
+            .collect();
+        if !near.is_empty()
+            && rng.random_bool(0.5)
+            && let Some(step) = self.step_of(&near, &mut runner)
+        {
+            if schedule.steps.len() >= self.space.max_steps.max(1) {
+                schedule.steps.pop();
+            }
+            schedule.steps.push(step);
+            return (schedule, entries[parent].case);
+        }
         let rounds = rng.random_range(1..=3);
         for _ in 0..rounds {
             let other = &entries[rng.random_range(0..entries.len())].schedule;
@@ -169,24 +188,28 @@ impl Mutator {
         rng: &mut StdRng,
         runner: &mut TestRunner,
     ) {
-        for _ in 0..64 {
-            let step = self.fresh_step(runner);
-            let kind = match &step {
+        if let Some(step) = self.step_of(missing, runner) {
+            // In the second half: a fault that lands after what the schedule set up.
+            let len = schedule.steps.len();
+            if len >= self.space.max_steps.max(1) {
+                schedule.steps[rng.random_range(len / 2..len)] = step;
+            } else {
+                schedule.steps.insert(rng.random_range(len / 2..=len), step);
+            }
+        }
+    }
+
+    /// A fresh step of one of `kinds`: steps are drawn until one is (a few tries; kinds whose
+    /// steps the space draws rarely still come up). None if none came up.
+    fn step_of(&self, kinds: &BTreeSet<FaultKind>, runner: &mut TestRunner) -> Option<Step> {
+        (0..64).map(|_| self.fresh_step(runner)).find(|step| {
+            let kind = match step {
                 Step::Fault(fault) => Some(fault.kind()),
                 Step::Crash { .. } => Some(FaultKind::WorkerCrash),
                 Step::Run { .. } => None,
             };
-            if kind.is_some_and(|kind| missing.contains(&kind)) {
-                // In the second half: a fault that lands after what the schedule set up.
-                let len = schedule.steps.len();
-                if len >= self.space.max_steps.max(1) {
-                    schedule.steps[rng.random_range(len / 2..len)] = step;
-                } else {
-                    schedule.steps.insert(rng.random_range(len / 2..=len), step);
-                }
-                return;
-            }
-        }
+            kind.is_some_and(|kind| kinds.contains(&kind))
+        })
     }
 
     fn fresh_step(&self, runner: &mut TestRunner) -> Step {
@@ -375,6 +398,45 @@ mod tests {
             corpus.before(3).is_empty(),
             "an entry is not drawn from by its own case"
         );
+    }
+
+    #[test]
+    fn a_parent_near_a_missing_kind_gets_that_fault_as_its_last_step() {
+        let space = space();
+        let mutator = Mutator::new(&space);
+        let mut parent = schedule();
+        parent.steps.pop();
+        parent.steps.push(Step::Fault(crate::fault::Fault::Cutover {
+            to: "v2".into(),
+        }));
+        let mut near = Coverage::default();
+        near.reached
+            .insert(Reach::Near(FaultKind::CacheInvalidationLag));
+        let mut corpus = Corpus::default();
+        corpus.add(parent.clone(), 0, 1, &near);
+        let mut completed = parent.clone();
+        completed
+            .steps
+            .push(Step::Fault(crate::fault::Fault::InvalidateCache));
+        let hits = (0..200)
+            .filter(|seed| mutator.mutate(corpus.before(1), case_seed(3, *seed)).0 == completed)
+            .count();
+        // Half the mutants take the direct path; a plain mutation rarely makes the same one.
+        assert!(
+            (70..=140).contains(&hits),
+            "{hits} of 200 mutants completed the near miss"
+        );
+
+        // Once some entry landed the kind, nothing is steered toward it any more.
+        let mut landed = Coverage::default();
+        landed
+            .reached
+            .insert(Reach::Landed(FaultKind::CacheInvalidationLag));
+        corpus.add(parent.clone(), 1, 1, &landed);
+        let hits = (0..200)
+            .filter(|seed| mutator.mutate(corpus.before(2), case_seed(3, *seed)).0 == completed)
+            .count();
+        assert!(hits < 30, "{hits} of 200 mutants still completed it");
     }
 
     #[test]

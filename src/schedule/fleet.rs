@@ -652,7 +652,7 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
     step += 1;
     recorder.step(step, "drain: heal, let the fleet finish the queue".into());
     recorder.observe(Observation::Draining);
-    drop(slow);
+    crate::env::backends::release_all(slow).await;
     plane.services.heal_all().await?;
     let requests = std::mem::take(&mut arrivals.submitted);
     let processes = &mut plane.workers;

@@ -311,7 +311,9 @@ impl<'b> Services<'b> {
                     .backend(version)?
                     .program(self.keys.prefix(), behaviour)
                     .await?;
-                self.programs.insert(version.to_owned(), guard);
+                if let Some(replaced) = self.programs.insert(version.to_owned(), guard) {
+                    replaced.release().await;
+                }
             }
             BackendFaults::Toxics => {
                 self.recover_backend(version).await?;
@@ -341,7 +343,9 @@ impl<'b> Services<'b> {
     }
 
     async fn recover_backend(&mut self, version: &str) -> Result<()> {
-        self.programs.remove(version);
+        if let Some(program) = self.programs.remove(version) {
+            program.release().await;
+        }
         if let Some(name) = self.toxics.remove(version) {
             for proxy in self.backend_links(version)? {
                 proxy.remove_toxic(&name).await?;
@@ -356,7 +360,9 @@ impl<'b> Services<'b> {
             .backend(version)?
             .program(self.keys.prefix(), Behaviour::FailFirst { status, calls })
             .await?;
-        self.programs.insert(version.to_owned(), guard);
+        if let Some(replaced) = self.programs.insert(version.to_owned(), guard) {
+            replaced.release().await;
+        }
         Ok(())
     }
 
@@ -452,7 +458,7 @@ impl<'b> Services<'b> {
             }
         }
         self.toxics.clear();
-        self.programs.clear();
+        crate::env::backends::release_all(std::mem::take(&mut self.programs).into_values()).await;
         self.cut.clear();
         if was_cut {
             self.reconnect().await?;

@@ -19,7 +19,7 @@
 
 use crate::contract::output_version;
 use crate::env::TestBed;
-use crate::env::backends::{Behaviour, ModelBackend, ProgramGuard};
+use crate::env::backends::{Behaviour, ModelBackend, ProgramGuard, release_all};
 use crate::env::links::{CaseLinks, WireEvent};
 use crate::env::python::Venv;
 use crate::env::wire::{PgRequest, Request};
@@ -1228,7 +1228,7 @@ async fn run_case(
                 waited.elapsed()
             )));
         }
-        drop(slow_guards);
+        release_all(slow_guards).await;
         return judge(ctx, number, fault, request_id).await;
     };
     let call_started = Instant::now();
@@ -1243,15 +1243,13 @@ async fn run_case(
     );
 
     // The fault.
+    // The other worker's model answers fast, so its attempt overtakes the slow first one.
     let restore_to_other = |ctx: &mut CaseCtx<'_, '_>, guards: &mut Vec<ProgramGuard>| {
-        // The other worker's model answers fast, so its attempt overtakes the slow first one.
         let version = ctx.fleet.workers[other].version.clone();
         let position = ctx.system.versions.iter().position(|(v, _)| *v == version);
-        if let Some(position) = position
-            && position < guards.len()
-        {
-            guards.remove(position);
-        }
+        position
+            .filter(|position| *position < guards.len())
+            .map(|position| guards.remove(position))
     };
     match fault {
         SystemFault::VisibilityOutlived | SystemFault::ForcedRestore => {
@@ -1273,7 +1271,9 @@ async fn run_case(
                 ctx.age_delivery(&tag).await?;
             }
             if other != taker {
-                restore_to_other(ctx, &mut slow_guards);
+                if let Some(program) = restore_to_other(ctx, &mut slow_guards) {
+                    program.release().await;
+                }
                 ctx.reset_broker(other).await?;
             }
         }
@@ -1289,7 +1289,7 @@ async fn run_case(
                 format!("SIGKILL pool child {children:?} mid-call"),
                 "fault",
             );
-            slow_guards.clear();
+            release_all(std::mem::take(&mut slow_guards)).await;
         }
         SystemFault::KillMain => {
             ctx.fleet.workers[taker].signal_group(Signal::SIGKILL);
@@ -1302,7 +1302,7 @@ async fn run_case(
                 "SIGKILL of the worker process (group) mid-call",
                 "fault",
             );
-            slow_guards.clear();
+            release_all(std::mem::take(&mut slow_guards)).await;
             if system.framework == Framework::Celery {
                 // Its delivery stays in `unacked`; kombu restores it at the first sweep after the
                 // visibility timeout, which the restarted worker's start runs.
@@ -1345,7 +1345,9 @@ async fn run_case(
                 ),
                 "fault",
             );
-            restore_to_other(ctx, &mut slow_guards);
+            if let Some(program) = restore_to_other(ctx, &mut slow_guards) {
+                program.release().await;
+            }
             // Until the other worker ran the requeued job (its model call), bounded.
             let paused = Instant::now();
             let other_version = ctx.fleet.workers[other].version.clone();
@@ -1377,7 +1379,7 @@ async fn run_case(
     }
     // The first attempt's model call may still be running: wait it out, then drain.
     let done_by = call_started + slow + Duration::from_millis(500);
-    drop(slow_guards);
+    release_all(slow_guards).await;
     drain(ctx, done_by, vt.max(orphan)).await?;
     judge(ctx, number, fault, request_id).await
 }

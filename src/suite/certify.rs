@@ -426,6 +426,11 @@ pub async fn certify_external_wire(
                 found.shrunk.schedule,
                 report.timeline
             );
+            report.wire_schedule = Some(crate::report::WireScheduleText {
+                steps: found.shrunk.schedule.steps.len(),
+                shrunk_from: found.original.steps.len(),
+                text: found.shrunk.schedule.to_string(),
+            });
             report.seed_replay = format!(
                 "racecert certify --worker-cmd {command:?} --seed {}",
                 search.seed

@@ -53,7 +53,7 @@ async fn each_version_answers_through_its_proxy_and_the_journal_records_every_ca
     anyhow::ensure!(call("v1").await?.status() == 503);
     anyhow::ensure!(call("v1").await?.status() == 503);
     anyhow::ensure!(call("v1").await?.status() == 200);
-    drop(fail);
+    fail.release().await;
     let _slow = backend
         .program(&case_prefix, Behaviour::Delay(Duration::from_millis(250)))
         .await?;

@@ -137,9 +137,16 @@ async fn the_seeds_unfenced_write_is_found_through_wire_schedules(
 ) -> anyhow::Result<()> {
     let _shared = bed.shared().await;
     let command = format!("{} --unfenced", python_command().await?);
-    let mut settings = WireSettings::pair(&command);
-    settings.defects = Defects::none();
-    let report = search(bed, &settings, &WireSearch::default_for(1), |_| {}).await?;
+    // Through certify's own entry point, so the report's counterexample is checked too.
+    let (outcome, report) = racecert::suite::certify::certify_external_wire(
+        bed,
+        &command,
+        &WireSearch::default_for(1),
+        &Defects::none(),
+        None,
+        |_| {},
+    )
+    .await?;
     let found = report
         .found
         .ok_or_else(|| anyhow::anyhow!("not found in {} wire cases", report.cases))?;
@@ -149,6 +156,28 @@ async fn the_seeds_unfenced_write_is_found_through_wire_schedules(
             .iter()
             .any(|n| n == "at-most-one-final-write" || n == "generations-increase"),
         "broke {broke:?}"
+    );
+    // The report counts the wire steps it prints, not the (empty) controlled schedule.
+    let shown = outcome
+        .counterexample
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("no counterexample in the report"))?;
+    let steps = found.shrunk.schedule.steps.len();
+    anyhow::ensure!(steps > 0, "an empty wire schedule broke {broke:?}");
+    anyhow::ensure!(
+        shown.size() == format!("{steps} wire steps"),
+        "the report says {:?} for {steps} wire steps",
+        shown.size()
+    );
+    anyhow::ensure!(
+        shown
+            .schedule_lines()
+            .lines()
+            .filter(|l| l.trim_start().starts_with("step "))
+            .count()
+            == steps,
+        "the report's schedule:\n{}",
+        shown.schedule_lines()
     );
     Ok(())
 }
