@@ -135,7 +135,13 @@ impl Infra {
     /// The harness's own connections (expiring leases, reading the audit trail): patient, because
     /// a harness query that gives up under load is an error of the run, not a finding.
     pub async fn connect_harness(redis_url: &str, database_url: &str) -> Result<Infra> {
-        let redis = ConnectionManager::new(redis::Client::open(redis_url)?).await?;
+        // Not the client's defaults (a 500 ms reply timeout): on a loaded machine a harness
+        // query waited longer than that and ended a whole run with "redis: timed out".
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(HARNESS_REDIS_PATIENCE.0))
+            .set_response_timeout(Some(HARNESS_REDIS_PATIENCE.1));
+        let redis =
+            ConnectionManager::new_with_config(redis::Client::open(redis_url)?, config).await?;
         let pg = sqlx::postgres::PgPoolOptions::new()
             // Few: the harness's queries are short and rare, and every connection counts against
             // the server's max_connections, shared by every case and worker.
@@ -150,6 +156,11 @@ impl Infra {
         })
     }
 }
+
+/// How long the harness's own Redis connections wait (to connect, for a reply): far longer than
+/// any fault racecert injects, so only a dead server makes them give up.
+pub const HARNESS_REDIS_PATIENCE: (Duration, Duration) =
+    (Duration::from_secs(10), Duration::from_secs(30));
 
 /// A boxed, sendable future (the trait objects below need one).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -14,6 +14,10 @@
 //! makes dropping a guard switch off some other mock. With one priority the sort never moves a
 //! mock and the first mounted match wins; the default answer is therefore told not to match a
 //! case that has a program ([`Unprogrammed`]), and a case has one program at a time.
+//!
+//! Why one file of ~740 lines: a quarter of it is its tests (real mock servers, many cases on one
+//! thread); the rest is one mechanism, programs, their guards and the responders they mount, that
+//! shares private state (`Programs`) no other module should see.
 
 use crate::contract::{InferRequest, InferResponse, model_output};
 use crate::{Error, Result};

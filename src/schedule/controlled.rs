@@ -642,6 +642,12 @@ impl<'c, 'a> CaseRun<'c, 'a> {
         )
         .await?;
         history.wire_recorded = self.wire_recorded;
+        // The history is read: the case's Redis keys go, so the keyspace holds the cases in
+        // flight and not every case run so far. Whatever walks it (a late cache invalidation,
+        // a namespace restart) then costs the same in the thousandth case as in the first;
+        // kept, they made full-rollout slower the longer an exploration ran, and slower with
+        // more cases at once.
+        self.plane.services.flush_namespace().await?;
         Ok(CaseResult::judge(
             history,
             &self.controller.settings.invariants,

@@ -5,6 +5,10 @@
 //! attempt), and a rolling restart onto the new model version with a cutover. The workers' stdout
 //! is their log, recorded line by line as it arrives; the audit trigger and the backend journals
 //! judge them anyway. Every run ends within its time budget with a verdict; no process outlives it.
+//!
+//! Why one file of ~720 lines: a run is one sequence (start the processes, inject, drain, judge)
+//! whose steps share the run's processes, recorder and plane; the settings and the process
+//! bookkeeping beside it are used by nothing else.
 
 use crate::check::Invariant;
 use crate::contract::Keys;

@@ -420,7 +420,8 @@ impl<'b> Services<'b> {
 
     /// Deletes every key of the case's namespace (what a restart of a Redis without persistence
     /// loses), through the harness's connection.
-    async fn flush_namespace(&self) -> Result<()> {
+    /// Deletes every Redis key of the case's namespace.
+    pub(crate) async fn flush_namespace(&self) -> Result<()> {
         let mut redis = self.admin.redis.clone();
         let pattern = format!("{}*", self.keys.prefix());
         let mut cursor: u64 = 0;

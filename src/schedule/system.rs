@@ -687,7 +687,14 @@ async fn run_with_backends(
     prepare_results(&mut pg, system).await?;
     let redis_url = with_path(&bed.redis_direct_url(), &redis_db.to_string());
     let redis = redis::Client::open(redis_url.as_str())?;
-    let mut rd = redis.get_multiplexed_async_connection().await?;
+    let (connect, reply) = crate::contract::worker::HARNESS_REDIS_PATIENCE;
+    let mut rd = redis
+        .get_multiplexed_async_connection_with_config(
+            &redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(connect))
+                .set_response_timeout(Some(reply)),
+        )
+        .await?;
     let _: () = redis::cmd("FLUSHDB").query_async(&mut rd).await?;
 
     let lines: Lines = Arc::default();

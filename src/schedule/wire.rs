@@ -1593,7 +1593,8 @@ pub struct WireSearch {
     pub seed: u64,
     /// Wall-clock budget of the search (shrinking excluded).
     pub budget: Duration,
-    /// Most cases.
+    /// Most cases (by default none: the budget ends the search, as it ends a certification's
+    /// suites; set it to reproduce a search exactly).
     pub cases: u32,
     /// Requests per case.
     pub requests: usize,
@@ -1612,7 +1613,7 @@ impl WireSearch {
         WireSearch {
             seed,
             budget: Duration::from_secs(90),
-            cases: 200,
+            cases: u32::MAX,
             requests: 1,
             depth_two_steps: 14,
             pct: Pct::default(),
