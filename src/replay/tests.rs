@@ -754,3 +754,50 @@ fn garbage_yields_a_report_and_no_story() {
         assert!(analysis.text().contains("no race in these lines"));
     }
 }
+
+/// A Celery incident as the workers' own output shows it (Celery's lines and the task's, behind
+/// `compose logs` prefixes): one attempt per delivery, the task's lines joined to the attempt
+/// Celery's `received` opened, Celery's `succeeded in` not counted as a second write.
+#[test]
+fn a_celery_redelivery_is_two_attempts_with_two_final_writes() {
+    let analysis = super::analyse(
+        crate::contract::log::parse::tests::CELERY_COMPOSE.as_bytes(),
+        None,
+    );
+    assert!(analysis.malformed.is_empty(), "{}", analysis.text());
+    let story = analysis
+        .reconstruction
+        .request("req-1")
+        .unwrap_or_else(|| panic!("{}", analysis.text()));
+    let who: Vec<(u32, &str)> = story
+        .attempts
+        .iter()
+        .map(|a| (a.attempt, a.worker_id.as_str()))
+        .collect();
+    assert_eq!(
+        who,
+        [(1, "worker-a@racecert"), (2, "worker-b@racecert")],
+        "{}",
+        analysis.text()
+    );
+    let causes: Vec<Cause> = analysis.findings.iter().map(|f| f.cause).collect();
+    for cause in [
+        Cause::MultipleFinalWrites,
+        Cause::LateWrite,
+        Cause::RetryWhileRunning,
+        Cause::VisibilityTimeoutTooShort,
+        Cause::VersionSkew,
+    ] {
+        assert!(
+            causes.contains(&cause),
+            "{cause} missing: {}",
+            analysis.text()
+        );
+    }
+    let writes = analysis
+        .findings
+        .iter()
+        .find(|f| f.cause == Cause::MultipleFinalWrites)
+        .map(|f| f.lines.clone());
+    assert_eq!(writes, Some(vec![21, 23]), "{}", analysis.text());
+}

@@ -344,6 +344,11 @@ async fn celery_incident_log_replays_on_the_team_system(bed: &TestBed) -> anyhow
     let log_path = dir.join("incident.log");
     std::fs::write(&log_path, &log)?;
     let analysis = racecert::replay::analyse(log.as_bytes(), None);
+    anyhow::ensure!(
+        analysis.malformed.is_empty(),
+        "every line of the workers' own output is read or skipped as a known shape:\n{}",
+        analysis.text()
+    );
     let causes: Vec<&str> = analysis.findings.iter().map(|f| f.cause.name()).collect();
     anyhow::ensure!(
         causes.contains(&"multiple-final-writes"),
