@@ -124,8 +124,8 @@ pub enum SystemVerdict {
     },
     /// Every case with the cause's faults held the invariants that show it.
     Prevented {
-        /// The cases that ran (number, fault).
-        cases: Vec<(u32, SystemFault)>,
+        /// The cases that ran.
+        cases: Vec<RanCase>,
         /// Other invariants those cases broke (`invariant: observed`), if any.
         #[serde(skip_serializing_if = "Vec::is_empty")]
         other_violations: Vec<String>,
@@ -135,6 +135,20 @@ pub enum SystemVerdict {
         /// Why.
         reason: String,
     },
+}
+
+/// A case that ran for a diagnosis, with what shows the fault took effect (a second model call
+/// means the request really ran again).
+#[derive(Debug, Clone, Serialize)]
+pub struct RanCase {
+    /// Its number.
+    pub case: u32,
+    /// Its fault.
+    pub fault: SystemFault,
+    /// Model calls of its request.
+    pub model_calls: usize,
+    /// Final writes of its request.
+    pub final_writes: usize,
 }
 
 /// One diagnosis of the log and its verdict on the team's worker.
@@ -298,7 +312,10 @@ impl SystemReplay {
                         "prevented by the team's worker: its invariant held in {}{}",
                         cases
                             .iter()
-                            .map(|(n, f)| format!("case {n} ({f})"))
+                            .map(|c| format!(
+                                "case {} ({}: {} model call(s), {} final write(s))",
+                                c.case, c.fault, c.model_calls, c.final_writes
+                            ))
                             .collect::<Vec<_>>()
                             .join(", "),
                         if other_violations.is_empty() {
@@ -371,7 +388,15 @@ fn verdict(
         };
     }
     SystemVerdict::Prevented {
-        cases: mine.iter().map(|c| (c.number, c.fault)).collect(),
+        cases: mine
+            .iter()
+            .map(|c| RanCase {
+                case: c.number,
+                fault: c.fault,
+                model_calls: c.model_calls,
+                final_writes: c.final_writes,
+            })
+            .collect(),
         other_violations: mine
             .iter()
             .flat_map(|c| {
