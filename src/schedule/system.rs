@@ -1407,7 +1407,9 @@ async fn run_case(
             );
             if other != taker {
                 // The stopped worker's start runs kombu's restore sweep.
-                restore_to_other(ctx, &mut slow_guards);
+                if let Some(program) = restore_to_other(ctx, &mut slow_guards) {
+                    program.release().await;
+                }
                 ctx.fleet.start(other).await?;
                 let other_id = ctx.fleet.workers[other].id.clone();
                 ctx.note(
