@@ -73,8 +73,9 @@ enum Command {
         /// Switch a defect on in the reference worker (repeatable).
         #[arg(long = "defect", value_name = "NAME")]
         defects: Vec<Defect>,
-        /// A fixed number of cases per suite, for exact reproduction (no time budget).
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..), conflicts_with = "budget")]
+        /// A fixed number of cases per suite, for exact reproduction (no time budget; with
+        /// --system: cases at most, within --budget).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         cases: Option<u32>,
         /// Total time budget in seconds, spent across the suites (default 60; a suite file's
         /// `time_budget_s` takes its own share). With --system: seconds of cases (start-up not
@@ -1050,6 +1051,13 @@ async fn run(command: Command, color: bool) -> Result<ExitCode> {
                     settings.cases = cases;
                 }
                 return system_command(&file, settings, &out).await;
+            }
+            // A suite run is either a fixed number of cases or a time budget; a system run takes
+            // both (cases at most, within the budget).
+            if cases.is_some() && budget.is_some() {
+                anyhow::bail!(
+                    "the argument '--cases <CASES>' cannot be used with '--budget <SECONDS>' (except with --system)"
+                );
             }
             let defects = Defects::of(defects);
             if let Some(command) = worker_cmd {
