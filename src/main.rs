@@ -142,7 +142,8 @@ enum Command {
         worker_cmd: Option<String>,
     },
     /// Diagnose the races in production logs (logfmt, JSON or Celery lines) and reproduce each
-    /// cause against the reference worker, with the defect it needs and then safe.
+    /// cause against the reference worker, with the defect it needs and then safe; with
+    /// --system, on the team's own system with its framework's faults.
     Replay {
         /// The log file.
         #[arg(required_unless_present = "system")]
