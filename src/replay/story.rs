@@ -417,7 +417,7 @@ pub fn reconstruct(parsed: &Parsed) -> Reconstruction {
             continue;
         };
         let process = field(line, "process").filter(|p| *p != "MainProcess");
-        let at = attempt_for(story, worker, number, process, word);
+        let at = attempt_for(story, worker, number, process, word, event.returned);
         let attempt = &mut story.attempts[at];
         let fill = |slot: &mut Option<String>, value: Option<&str>| {
             if slot.is_none() {
@@ -458,6 +458,7 @@ fn attempt_for(
     number: Option<u32>,
     process: Option<&str>,
     word: Option<Status>,
+    returned: bool,
 ) -> usize {
     let next = story.attempts.iter().map(|a| a.attempt).max().unwrap_or(0) + 1;
     let create = |number: u32, story: &mut RequestStory| {
@@ -473,7 +474,20 @@ fn attempt_for(
         });
         story.attempts.len() - 1
     };
+    // A process runs one attempt at a time: a line of a process belongs to the attempt running
+    // on it (several deliveries may be open on one worker at once: prefetched ones wait).
+    let running_on = |story: &RequestStory| {
+        process.and_then(|p| {
+            story.attempts.iter().position(|a| {
+                a.worker_id == worker && a.end().is_none() && a.process.as_deref() == Some(p)
+            })
+        })
+    };
     if let Some(number) = number {
+        if let Some(i) = running_on(story) {
+            story.attempts[i].logged.get_or_insert(number);
+            return i;
+        }
         // A framework's own lines carry no number (Celery's `received`) and opened this worker's
         // running attempt; the task's lines that follow, numbered by the app (Celery's
         // `retries + 1` stays 1 on a redelivery), belong to it, on the same process if known.
@@ -523,6 +537,16 @@ fn attempt_for(
         if let Some(&i) = open
             .iter()
             .find(|&&i| story.attempts[i].process.as_deref() == Some(process))
+        {
+            return i;
+        }
+        // Celery's `succeeded in` comes after the task's own last line ended the attempt: it is
+        // that attempt's, the last one that ran on this process.
+        if returned
+            && let Some(&i) = mine
+                .iter()
+                .rev()
+                .find(|&&i| story.attempts[i].process.as_deref() == Some(process))
         {
             return i;
         }
