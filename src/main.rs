@@ -73,8 +73,9 @@ enum Command {
         /// Switch a defect on in the reference worker (repeatable).
         #[arg(long = "defect", value_name = "NAME")]
         defects: Vec<Defect>,
-        /// A fixed number of cases per suite, for exact reproduction (no time budget).
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..), conflicts_with = "budget")]
+        /// A fixed number of cases per suite, for exact reproduction (no time budget; with
+        /// --system: cases at most, within --budget).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         cases: Option<u32>,
         /// Total time budget in seconds, spent across the suites (default 60; a suite file's
         /// `time_budget_s` takes its own share). With --system: seconds of cases (start-up not
@@ -141,22 +142,25 @@ enum Command {
         worker_cmd: Option<String>,
     },
     /// Diagnose the races in production logs (logfmt, JSON or Celery lines) and reproduce each
-    /// cause against the reference worker, with the defect it needs and then safe.
+    /// cause against the reference worker, with the defect it needs and then safe; with
+    /// --system, on the team's own system with its framework's faults.
     Replay {
         /// The log file.
         #[arg(required_unless_present = "system")]
         file: Option<PathBuf>,
-        /// Rerun one case of a system run instead (with --seed and --case, as its report prints).
-        #[arg(long, value_name = "FILE", conflicts_with_all = ["file", "request", "defects"], requires = "case")]
+        /// A system description: with a log file, reproduce the log's diagnoses on that system
+        /// with its framework's faults; without one, rerun one case of a system run (with --seed
+        /// and --case, as its report prints).
+        #[arg(long, value_name = "FILE", conflicts_with = "defects")]
         system: Option<PathBuf>,
         /// With --system: the run's seed.
         #[arg(long, default_value_t = 1, requires = "system")]
         seed: u64,
-        /// With --system: the case number.
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..), requires = "system")]
+        /// With --system and no log file: the case number.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..), requires = "system", conflicts_with = "file")]
         case: Option<u32>,
-        /// With --system: the case's fault (default: the one the seed draws).
-        #[arg(long, value_name = "NAME", requires = "system")]
+        /// With --system and no log file: the case's fault (default: the one the seed draws).
+        #[arg(long, value_name = "NAME", requires = "case")]
         fault: Option<SystemFault>,
         /// Only this request's causes (request id, idempotency key or job id).
         #[arg(long)]
@@ -735,13 +739,88 @@ async fn system_command(file: &Path, settings: SystemSettings, out: &Path) -> Re
     let html = out.join("system-report.html");
     std::fs::write(&html, racecert::report::system::system_html(&outcome, file))
         .with_context(|| format!("write {}", html.display()))?;
+    let log = out.join("workers.log");
+    std::fs::write(&log, racecert::report::system::workers_log(&outcome))
+        .with_context(|| format!("write {}", log.display()))?;
     print!("{}", racecert::report::system::system_text(&outcome, file));
-    println!("reports: {}, {}", json.display(), html.display());
+    println!(
+        "reports: {}, {}; the workers' log: {}",
+        json.display(),
+        html.display(),
+        log.display()
+    );
     Ok(verdict_code(outcome.passed()))
 }
 
 /// Exit code when nothing in the log could be reconstructed.
 const NOTHING_RECONSTRUCTED: u8 = 2;
+
+/// `replay LOG --system FILE`: the log's diagnoses, reproduced on the team's system with the
+/// faults of its framework that re-create them.
+async fn replay_on_system(
+    file: &Path,
+    system_file: &Path,
+    seed: u64,
+    request: Option<&str>,
+    format: Format,
+) -> Result<ExitCode> {
+    // The description first: a file that cannot load is named with its line and column before
+    // anything else happens.
+    let system = System::load(system_file)?;
+    let bytes = std::fs::read(file).with_context(|| format!("read {}", file.display()))?;
+    let analysis = racecert::replay::analyse(&bytes, request);
+    let print = |text: String, json: String| match format {
+        Format::Text => print!("{text}"),
+        Format::Json => println!("{json}"),
+    };
+    if analysis.reconstruction.requests.is_empty() {
+        print(analysis.text(), serde_json::to_string_pretty(&analysis)?);
+        eprintln!(
+            "{}: nothing to replay: no inference request could be reconstructed{}",
+            file.display(),
+            request.map(|r| format!(" for {r}")).unwrap_or_default()
+        );
+        return Ok(ExitCode::from(NOTHING_RECONSTRUCTED));
+    }
+    let faults = racecert::replay::system::faults_to_run(&analysis, system.framework);
+    let outcome = if faults.is_empty() {
+        None
+    } else {
+        let mut settings = SystemSettings::certify(seed);
+        settings.cases = faults.len() as u32;
+        settings.faults = faults;
+        settings.stop_at_first_failure = false;
+        // One case per fault, each bounded by its own drain: the budget only guards against a
+        // system that never settles.
+        settings.budget = std::time::Duration::from_secs(900);
+        eprintln!(
+            "replaying {} on {} ({}): {} case(s), faults {}; bringing the test bed up",
+            file.display(),
+            system.name,
+            system.framework.name(),
+            settings.cases,
+            settings
+                .faults
+                .iter()
+                .map(|f| f.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let bed = TestBedBuilder::from_env()?.start().await?;
+        let outcome = run_system(&bed, &system, &settings).await;
+        bed.shutdown().await;
+        Some(outcome?)
+    };
+    let report = racecert::replay::system::SystemReplay::judge(
+        analysis,
+        system_file,
+        &system.name,
+        system.framework,
+        outcome,
+    );
+    print(report.text(), serde_json::to_string_pretty(&report)?);
+    Ok(verdict_code(report.held()))
+}
 
 async fn replay(
     file: &Path,
@@ -974,6 +1053,13 @@ async fn run(command: Command, color: bool) -> Result<ExitCode> {
                 }
                 return system_command(&file, settings, &out).await;
             }
+            // A suite run is either a fixed number of cases or a time budget; a system run takes
+            // both (cases at most, within the budget).
+            if cases.is_some() && budget.is_some() {
+                anyhow::bail!(
+                    "the argument '--cases <CASES>' cannot be used with '--budget <SECONDS>' (except with --system)"
+                );
+            }
             let defects = Defects::of(defects);
             if let Some(command) = worker_cmd {
                 return certify_external_command(
@@ -1031,7 +1117,16 @@ async fn run(command: Command, color: bool) -> Result<ExitCode> {
             defects,
             format,
         } => match (system, file) {
-            (Some(system), _) => {
+            (Some(system), Some(file)) => {
+                replay_on_system(&file, &system, seed, request.as_deref(), format).await
+            }
+            (Some(system), None) => {
+                if case.is_none() {
+                    anyhow::bail!(
+                        "replay --system {} needs a log file to reproduce (racecert replay LOG --system FILE) or --case N to rerun one case of a system run",
+                        system.display()
+                    );
+                }
                 let mut settings = SystemSettings::certify(seed);
                 settings.only_case = case;
                 settings.faults = fault.into_iter().collect();

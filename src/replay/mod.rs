@@ -11,7 +11,10 @@
 //!   the worker it will run against;
 //! - [`reproduce`] runs each plan against racecert's reference worker, with the defect that
 //!   removes the protection against the cause and then safe, and reports per cause: reproduced,
-//!   prevented, or could not be built.
+//!   prevented, or could not be built;
+//! - [`system`](mod@system) runs, instead, the faults of a team's own framework that re-create
+//!   each cause against the team's system (`replay LOG --system FILE`) and reports per cause:
+//!   reproduced on its worker, prevented by it, or not reproducible with that framework.
 //!
 //! ```no_run
 //! # async fn example(bed: &racecert::env::TestBed) -> racecert::Result<()> {
@@ -30,6 +33,7 @@ pub mod plan;
 mod report;
 pub mod reproduce;
 pub mod story;
+pub mod system;
 
 pub use diagnose::{Cause, Detail, Finding, diagnose};
 pub use plan::{Plan, Shape, plan};

@@ -36,6 +36,10 @@ pub struct Event {
     /// `late_success`, Celery's `succeeded`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub final_write: bool,
+    /// Whether the line is a framework's "the task returned" (Celery's `succeeded in`): a final
+    /// write only when its attempt logged no write of its own.
+    #[serde(skip)]
+    pub returned: bool,
     /// Job id on this line.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub job_id: Option<String>,
@@ -120,6 +124,10 @@ pub struct Attempt {
     pub cache_key: Option<String>,
     /// Its lines, in time order.
     pub events: Vec<Event>,
+    /// The number its lines logged, if any (`attempt` counts receipts when the app's own number
+    /// does not: Celery's `retries + 1` stays 1 on a redelivery).
+    #[serde(skip)]
+    pub logged: Option<u32>,
 }
 
 impl Attempt {
@@ -342,6 +350,7 @@ pub fn reconstruct(parsed: &Parsed) -> Reconstruction {
             word,
             final_write: word.is_some_and(Status::is_final_write)
                 || line.get("write") == Some("result_store"),
+            returned: line.get("runtime_s").is_some(),
             job_id: field(line, "job_id").map(str::to_owned),
             idempotency_key: field(line, "idempotency_key").map(str::to_owned),
             cache_key: field(line, "cache_key").map(str::to_owned),
@@ -408,7 +417,7 @@ pub fn reconstruct(parsed: &Parsed) -> Reconstruction {
             continue;
         };
         let process = field(line, "process").filter(|p| *p != "MainProcess");
-        let at = attempt_for(story, worker, number, process, word);
+        let at = attempt_for(story, worker, number, process, word, event.returned);
         let attempt = &mut story.attempts[at];
         let fill = |slot: &mut Option<String>, value: Option<&str>| {
             if slot.is_none() {
@@ -422,6 +431,18 @@ pub fn reconstruct(parsed: &Parsed) -> Reconstruction {
             field(line, "backend_endpoint"),
         );
         fill(&mut attempt.cache_key, field(line, "cache_key"));
+        let mut event = event;
+        // One attempt stores its result once. Celery's `succeeded in` (the task returned) is that
+        // write only when the task logged none of its own: after a `write=result_store` line of
+        // the same attempt it is the same write, not a second one.
+        let returned = |e: &Event| e.final_write && e.returned;
+        if event.final_write {
+            if event.returned {
+                event.final_write = !attempt.events.iter().any(|e| e.final_write);
+            } else if let Some(earlier) = attempt.events.iter_mut().find(|e| returned(e)) {
+                earlier.final_write = false;
+            }
+        }
         attempt.events.push(event);
     }
     for story in &mut reconstruction.requests {
@@ -437,6 +458,7 @@ fn attempt_for(
     number: Option<u32>,
     process: Option<&str>,
     word: Option<Status>,
+    returned: bool,
 ) -> usize {
     let next = story.attempts.iter().map(|a| a.attempt).max().unwrap_or(0) + 1;
     let create = |number: u32, story: &mut RequestStory| {
@@ -448,18 +470,45 @@ fn attempt_for(
             backend_endpoint: None,
             cache_key: None,
             events: Vec::new(),
+            logged: None,
         });
         story.attempts.len() - 1
     };
+    // A process runs one attempt at a time: a line of a process belongs to the attempt running
+    // on it (several deliveries may be open on one worker at once: prefetched ones wait).
+    let running_on = |story: &RequestStory| {
+        process.and_then(|p| {
+            story.attempts.iter().position(|a| {
+                a.worker_id == worker && a.end().is_none() && a.process.as_deref() == Some(p)
+            })
+        })
+    };
     if let Some(number) = number {
-        return match story
+        if let Some(i) = running_on(story) {
+            story.attempts[i].logged.get_or_insert(number);
+            return i;
+        }
+        // A framework's own lines carry no number (Celery's `received`) and opened this worker's
+        // running attempt; the task's lines that follow, numbered by the app (Celery's
+        // `retries + 1` stays 1 on a redelivery), belong to it, on the same process if known.
+        // Several such attempts open at once (prefetched deliveries) run in order of receipt.
+        let unnumbered = story.attempts.iter().position(|a| {
+            a.worker_id == worker
+                && a.logged.is_none()
+                && a.end().is_none()
+                && (process.is_none() || a.process.is_none() || a.process.as_deref() == process)
+        });
+        let same = |a: &Attempt| a.worker_id == worker && a.logged.unwrap_or(a.attempt) == number;
+        let numbered = story
             .attempts
             .iter()
-            .position(|a| a.attempt == number && a.worker_id == worker)
-        {
-            Some(i) => i,
-            None => create(number, story),
-        };
+            .rposition(|a| same(a) && a.end().is_none())
+            .or_else(|| story.attempts.iter().rposition(same));
+        let i = unnumbered
+            .or(numbered)
+            .unwrap_or_else(|| create(number, story));
+        story.attempts[i].logged = Some(number);
+        return i;
     }
     let mine: Vec<usize> = (0..story.attempts.len())
         .filter(|&i| story.attempts[i].worker_id == worker)
@@ -488,6 +537,16 @@ fn attempt_for(
         if let Some(&i) = open
             .iter()
             .find(|&&i| story.attempts[i].process.as_deref() == Some(process))
+        {
+            return i;
+        }
+        // Celery's `succeeded in` comes after the task's own last line ended the attempt: it is
+        // that attempt's, the last one that ran on this process.
+        if returned
+            && let Some(&i) = mine
+                .iter()
+                .rev()
+                .find(|&&i| story.attempts[i].process.as_deref() == Some(process))
         {
             return i;
         }

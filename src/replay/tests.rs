@@ -754,3 +754,103 @@ fn garbage_yields_a_report_and_no_story() {
         assert!(analysis.text().contains("no race in these lines"));
     }
 }
+
+/// A Celery incident as the workers' own output shows it (Celery's lines and the task's, behind
+/// `compose logs` prefixes): one attempt per delivery, the task's lines joined to the attempt
+/// Celery's `received` opened, Celery's `succeeded in` not counted as a second write.
+#[test]
+fn a_celery_redelivery_is_two_attempts_with_two_final_writes() {
+    let analysis = super::analyse(
+        crate::contract::log::parse::tests::CELERY_COMPOSE.as_bytes(),
+        None,
+    );
+    assert!(analysis.malformed.is_empty(), "{}", analysis.text());
+    let story = analysis
+        .reconstruction
+        .request("req-1")
+        .unwrap_or_else(|| panic!("{}", analysis.text()));
+    let who: Vec<(u32, &str)> = story
+        .attempts
+        .iter()
+        .map(|a| (a.attempt, a.worker_id.as_str()))
+        .collect();
+    assert_eq!(
+        who,
+        [(1, "worker-a@racecert"), (2, "worker-b@racecert")],
+        "{}",
+        analysis.text()
+    );
+    let causes: Vec<Cause> = analysis.findings.iter().map(|f| f.cause).collect();
+    for cause in [
+        Cause::MultipleFinalWrites,
+        Cause::LateWrite,
+        Cause::RetryWhileRunning,
+        Cause::VisibilityTimeoutTooShort,
+        Cause::VersionSkew,
+    ] {
+        assert!(
+            causes.contains(&cause),
+            "{cause} missing: {}",
+            analysis.text()
+        );
+    }
+    let writes = analysis
+        .findings
+        .iter()
+        .find(|f| f.cause == Cause::MultipleFinalWrites)
+        .map(|f| f.lines.clone());
+    assert_eq!(writes, Some(vec![21, 23]), "{}", analysis.text());
+}
+
+/// prefetch > 1, as the Celery example's workers logged it under racecert's `prefetch-restore`
+/// (shortened): worker-a reserved the request behind a slow task, the reserved delivery was
+/// restored and worker-a took it back, then ran the request twice in a row on its one pool
+/// process. Two attempts in order of receipt, each with its own lines and one final write; Celery's
+/// `succeeded in` goes to the attempt that just ran on the process, not to the one waiting.
+#[test]
+fn a_prefetched_celery_request_restored_to_the_same_worker_is_two_attempts_in_order() {
+    const LOG: &str = "\
+worker-a | [2026-11-30 00:24:09,996: INFO/MainProcess] worker-a@racecert ready.
+worker-a | [2026-11-30 00:24:10,098: INFO/MainProcess] Task tasks.infer_naive[b4b0] received
+worker-a | [2026-11-30 00:24:16,282: INFO/MainProcess] Task tasks.infer_naive[b4b0] received
+worker-a | [2026-11-30 00:24:23,246: INFO/ForkPoolWorker-1] tasks.infer_naive[b4b0]: request_id=req-p job_id=b4b0 attempt=1 redelivered=false worker_id=worker-a model_version=v1 status=job_received
+worker-a | [2026-11-30 00:24:23,264: INFO/ForkPoolWorker-1] tasks.infer_naive[b4b0]: request_id=req-p job_id=b4b0 attempt=1 redelivered=false worker_id=worker-a model_version=v1 status=inference_started
+worker-a | [2026-11-30 00:24:23,268: INFO/ForkPoolWorker-1] tasks.infer_naive[b4b0]: request_id=req-p job_id=b4b0 attempt=1 redelivered=false worker_id=worker-a model_version=v1 status=inference_succeeded write=result_store
+worker-a | [2026-11-30 00:24:23,268: INFO/ForkPoolWorker-1] Task tasks.infer_naive[b4b0] succeeded in 0.021s: None
+worker-a | [2026-11-30 00:24:23,274: INFO/ForkPoolWorker-1] tasks.infer_naive[b4b0]: request_id=req-p job_id=b4b0 attempt=1 redelivered=true worker_id=worker-a model_version=v1 status=retry_dispatched
+worker-a | [2026-11-30 00:24:23,282: INFO/ForkPoolWorker-1] tasks.infer_naive[b4b0]: request_id=req-p job_id=b4b0 attempt=1 redelivered=true worker_id=worker-a model_version=v1 status=inference_started
+worker-a | [2026-11-30 00:24:23,290: INFO/ForkPoolWorker-1] tasks.infer_naive[b4b0]: request_id=req-p job_id=b4b0 attempt=1 redelivered=true worker_id=worker-a model_version=v1 status=inference_succeeded write=result_store
+worker-a | [2026-11-30 00:24:23,290: INFO/ForkPoolWorker-1] Task tasks.infer_naive[b4b0] succeeded in 0.016s: None
+";
+    let analysis = super::analyse(LOG.as_bytes(), None);
+    let story = analysis
+        .reconstruction
+        .request("req-p")
+        .unwrap_or_else(|| panic!("{}", analysis.text()));
+    let lines: Vec<Vec<usize>> = story
+        .attempts
+        .iter()
+        .map(|a| a.events.iter().map(|e| e.line).collect())
+        .collect();
+    assert_eq!(
+        lines,
+        [vec![2, 4, 5, 6, 7], vec![3, 8, 9, 10, 11]],
+        "{}",
+        analysis.text()
+    );
+    let writes = analysis
+        .findings
+        .iter()
+        .find(|f| f.cause == Cause::MultipleFinalWrites)
+        .map(|f| f.lines.clone());
+    assert_eq!(writes, Some(vec![6, 10]), "{}", analysis.text());
+    // Sequential runs on one process: the second did not overwrite a newer result.
+    assert!(
+        !analysis
+            .findings
+            .iter()
+            .any(|f| f.cause == Cause::LateWrite),
+        "{}",
+        analysis.text()
+    );
+}

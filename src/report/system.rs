@@ -126,3 +126,19 @@ pub fn system_html(outcome: &SystemOutcome, file: &Path) -> String {
     );
     out
 }
+
+/// The workers' lines as `docker compose logs` prints them (`worker-a  | LINE`), in time order:
+/// the incident log of a system run, which `racecert replay LOG --system FILE` reads back.
+pub fn workers_log(outcome: &SystemOutcome) -> String {
+    let width = outcome
+        .log
+        .iter()
+        .map(|l| l.worker.len())
+        .max()
+        .unwrap_or(0);
+    let mut out = String::new();
+    for line in &outcome.log {
+        let _ = writeln!(out, "{:<width$} | {}", line.worker, line.line);
+    }
+    out
+}

@@ -11,7 +11,9 @@
 //!   connection reset at its proxy: kombu restores on reconnect); a forced restore (the delivery's
 //!   score in `unacked_index` aged, then the same sweep); SIGKILL of the pool child; SIGKILL of the
 //!   main process (restarted once the delivery is older than the visibility timeout); SIGTERM
-//!   (warm shutdown) mid-task.
+//!   (warm shutdown) mid-task; prefetch > 1 (one worker run with a prefetch multiplier, the
+//!   request reserved behind a slow task until it is older than the visibility timeout, then a
+//!   sweep).
 //! - apalis: missed heartbeats (SIGSTOP of the worker mid-call past `heartbeat_s x
 //!   missed_heartbeats`, SIGCONT once another worker finished the requeued job); SIGKILL and a
 //!   restart under the same worker name.
@@ -23,7 +25,9 @@ use crate::env::backends::{Behaviour, ModelBackend, ProgramGuard, release_all};
 use crate::env::links::{CaseLinks, WireEvent};
 use crate::env::python::Venv;
 use crate::env::wire::{PgRequest, Request};
-use crate::system::preset::{APALIS_INSERT, audit_sql, celery_keys, celery_message};
+use crate::system::preset::{
+    APALIS_INSERT, CELERY_PREFETCH_ENV, audit_sql, celery_keys, celery_message, fault_prefetch,
+};
 use crate::system::{Framework, Submit, System, fill};
 use crate::{Error, Result};
 use nix::sys::signal::{Signal, kill};
@@ -55,17 +59,21 @@ pub enum SystemFault {
     WarmShutdown,
     /// apalis: SIGSTOP mid-call past the heartbeat deadline, SIGCONT after the requeue ran.
     HeartbeatMiss,
+    /// Celery: one worker runs with a prefetch multiplier > 1 and reserves the request behind a
+    /// slow task; the reserved delivery outlives `visibility_timeout` and a sweep restores it.
+    PrefetchRestore,
 }
 
 impl SystemFault {
     /// Every fault, in name order.
-    pub const ALL: [SystemFault; 6] = [
+    pub const ALL: [SystemFault; 7] = [
         SystemFault::VisibilityOutlived,
         SystemFault::ForcedRestore,
         SystemFault::KillPoolChild,
         SystemFault::KillMain,
         SystemFault::WarmShutdown,
         SystemFault::HeartbeatMiss,
+        SystemFault::PrefetchRestore,
     ];
 
     /// Its name (`forced-restore`, ...).
@@ -77,6 +85,7 @@ impl SystemFault {
             SystemFault::KillMain => "kill-main",
             SystemFault::WarmShutdown => "warm-shutdown",
             SystemFault::HeartbeatMiss => "heartbeat-miss",
+            SystemFault::PrefetchRestore => "prefetch-restore",
         }
     }
 
@@ -93,6 +102,7 @@ impl SystemFault {
                 VisibilityOutlived,
                 KillMain,
                 WarmShutdown,
+                PrefetchRestore,
             ],
             Framework::Apalis => vec![HeartbeatMiss, HeartbeatMiss, KillMain],
             Framework::Custom => vec![KillMain],
@@ -249,6 +259,21 @@ pub struct SystemOutcome {
     pub first_failure_ms: Option<u64>,
     /// Per process start (`worker-a#1`): its stdout and stderr.
     pub outputs: BTreeMap<String, String>,
+    /// Every line the workers printed, in the order racecert read them (what the team's log
+    /// collector would hold; `racecert replay LOG --system FILE` reads it back).
+    #[serde(default)]
+    pub log: Vec<WorkerLine>,
+}
+
+/// One line a worker printed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerLine {
+    /// Unix milliseconds when racecert read it.
+    pub at_ms: i64,
+    /// The worker (`worker-a`), the same across its restarts.
+    pub worker: String,
+    /// The line.
+    pub line: String,
 }
 
 impl SystemOutcome {
@@ -286,6 +311,9 @@ struct Worker {
     model_url: String,
     child: Option<Child>,
     starts: u32,
+    /// Variables a case adds to the file's for this worker's next starts (the prefetch fault's
+    /// multiplier); empty for the fleet as the file describes it.
+    extra_env: Vec<(String, String)>,
 }
 
 impl Worker {
@@ -349,6 +377,12 @@ impl Fleet<'_> {
                     .filter_map(|k| std::env::var(k).ok().map(|v| (*k, v))),
             )
             .envs(worker.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .envs(
+                worker
+                    .extra_env
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str())),
+            )
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -720,6 +754,7 @@ async fn run_with_backends(
             model_url,
             child: None,
             starts: 0,
+            extra_env: Vec::new(),
         };
         configure(system, &mut worker, redis_db, database, venv);
         workers.push(worker);
@@ -818,6 +853,7 @@ async fn run_with_backends(
                 arrows: Vec::new(),
                 t0: now_ms(),
                 first: number == 1 || settings.only_case.is_some(),
+                companions: Vec::new(),
             };
             let started = Instant::now();
             match run_case(&mut ctx, number, fault, venv, redis_db, database).await {
@@ -850,11 +886,19 @@ async fn run_with_backends(
     }
     result?;
     let mut outputs: BTreeMap<String, String> = BTreeMap::new();
-    for (_, label, line) in lines.lock().expect("poisoned").iter() {
+    let mut log = Vec::new();
+    for (at_ms, label, line) in lines.lock().expect("poisoned").iter() {
         let entry = outputs.entry(label.clone()).or_default();
         entry.push_str(line);
         entry.push('\n');
+        log.push(WorkerLine {
+            at_ms: *at_ms,
+            worker: label.split('#').next().unwrap_or(label).to_owned(),
+            line: line.clone(),
+        });
     }
+    // Stdout and stderr are read by separate tasks: time order, as a collector would merge them.
+    log.sort_by_key(|l| l.at_ms);
     Ok(SystemOutcome {
         system: system.name.clone(),
         seed: settings.seed,
@@ -862,6 +906,7 @@ async fn run_with_backends(
         startup_ms,
         first_failure_ms,
         outputs,
+        log,
     })
 }
 
@@ -946,6 +991,9 @@ struct CaseCtx<'a, 'f> {
     arrows: Vec<Arrow>,
     t0: i64,
     first: bool,
+    /// Inputs of requests a case submits besides its own (the prefetch fault's slow task in
+    /// front of it): their model calls are not the request's.
+    companions: Vec<String>,
 }
 
 impl CaseCtx<'_, '_> {
@@ -980,6 +1028,24 @@ impl CaseCtx<'_, '_> {
             out.push((backend.version().to_owned(), n));
         }
         Ok(out)
+    }
+
+    /// Model calls of the case's own request (its companions' left out), every version.
+    async fn request_calls(&self) -> usize {
+        let mut n = 0;
+        for backend in self.backends {
+            n += backend
+                .journal(Some(&self.prefix))
+                .await
+                .iter()
+                .filter(|e| {
+                    e.request
+                        .as_ref()
+                        .is_none_or(|r| !self.companions.contains(&r.input))
+                })
+                .count();
+        }
+        n
     }
 
     /// Resets worker `index`'s broker connection at its proxy: live connections drop, the
@@ -1030,6 +1096,111 @@ impl CaseCtx<'_, '_> {
         Ok(())
     }
 
+    /// Submits one request the way the framework's clients do; the Celery preset returns the
+    /// delivery tag it wrote.
+    async fn submit(&mut self, request_id: &str, input: &str) -> Result<Option<String>> {
+        let system = self.system;
+        let venv = self.venv.clone();
+        let venv = venv.as_str();
+        let database = self.database.clone();
+        let database = database.as_str();
+        let values = [("request_id", request_id), ("input", input), ("venv", venv)];
+        let mut delivery_tag = None;
+        match &system.submit {
+            Submit::Preset { task, args, queue } => {
+                let args: BTreeMap<String, String> = args
+                    .iter()
+                    .map(|(k, v)| (k.clone(), fill(v, &values)))
+                    .collect();
+                match system.framework {
+                    Framework::Celery => {
+                        let rng = &mut self.rng;
+                        let message =
+                            celery_message(task, queue, &args, &mut || rng.random::<u128>());
+                        let _: i64 = redis::cmd("LPUSH")
+                            .arg(queue)
+                            .arg(&message.envelope)
+                            .query_async(self.rd)
+                            .await?;
+                        self.note(
+                            "racecert",
+                            "redis",
+                            format!(
+                                "LPUSH {queue} {task}[{}] tag {}",
+                                message.task_id, message.delivery_tag
+                            ),
+                            "message",
+                        );
+                        delivery_tag = Some(message.delivery_tag);
+                    }
+                    Framework::Apalis => {
+                        let job = serde_json::to_string(&args)
+                            .map_err(|e| Error::other(e.to_string()))?;
+                        let id: String = sqlx::query_scalar(APALIS_INSERT)
+                        .bind(task)
+                        .bind(&job)
+                        .fetch_one(&mut *self.pg)
+                        .await
+                        .map_err(|err| {
+                            Error::Config(format!(
+                                "{}: enqueueing an apalis job failed (are apalis' tables created by the worker?): {err}",
+                                system.place("submit")
+                            ))
+                        })?;
+                        self.note(
+                            "racecert",
+                            "db",
+                            format!("INSERT apalis.jobs {task} id {id}"),
+                            "message",
+                        );
+                    }
+                    Framework::Custom => unreachable!("validated: custom has no preset"),
+                }
+            }
+            Submit::Command(command) => {
+                let redis_url = String::new();
+                let command = fill(
+                    command,
+                    &[
+                        ("request_id", request_id),
+                        ("input", input),
+                        ("venv", venv),
+                        ("redis_url", &redis_url),
+                        ("database_url", database),
+                    ],
+                );
+                let output = Command::new("sh")
+                    .arg("-c")
+                    .arg(&command)
+                    .current_dir(&system.start.workdir)
+                    .envs(
+                        self.fleet.workers[0]
+                            .env
+                            .iter()
+                            .map(|(k, v)| (k.as_str(), v.as_str())),
+                    )
+                    .output()
+                    .await
+                    .map_err(|err| Error::io(format!("submit `{command}`"), err))?;
+                if !output.status.success() {
+                    return Err(Error::Config(format!(
+                        "{}: submit command `{command}` failed ({}):\n{}",
+                        system.place("submit"),
+                        output.status,
+                        tail(&String::from_utf8_lossy(&output.stderr), 20)
+                    )));
+                }
+                self.note(
+                    "racecert",
+                    "racecert",
+                    format!("submitted with `{command}`"),
+                    "message",
+                );
+            }
+        }
+        Ok(delivery_tag)
+    }
+
     /// Ages the delivery in kombu's unacked index so the next sweep restores it.
     async fn age_delivery(&mut self, tag: &str) -> Result<bool> {
         let changed: i64 = redis::cmd("ZADD")
@@ -1076,6 +1247,9 @@ async fn run_case(
     let slow = match fault {
         SystemFault::VisibilityOutlived => vt + Duration::from_secs(6),
         SystemFault::ForcedRestore => Duration::from_secs(6),
+        // The task in front of the request runs past the request's visibility timeout and the
+        // sweep after it (a worker start), so the request is still reserved when it is restored.
+        SystemFault::PrefetchRestore => vt + Duration::from_secs(8),
         SystemFault::HeartbeatMiss => orphan + Duration::from_secs(6),
         _ => Duration::from_secs(3),
     }
@@ -1084,6 +1258,7 @@ async fn run_case(
             .model_timeout
             .saturating_sub(Duration::from_millis(500)),
     );
+    prepare_fleet(ctx, fault).await?;
     let mut slow_guards = ctx.slow_models(slow).await?;
     ctx.note(
         "racecert",
@@ -1095,105 +1270,16 @@ async fn run_case(
         "message",
     );
 
-    // Submit, the way the framework's clients do.
-    let values = [
-        ("request_id", request_id.as_str()),
-        ("input", input.as_str()),
-        ("venv", venv),
-    ];
-    let mut delivery_tag = None;
-    match &system.submit {
-        Submit::Preset { task, args, queue } => {
-            let args: BTreeMap<String, String> = args
-                .iter()
-                .map(|(k, v)| (k.clone(), fill(v, &values)))
-                .collect();
-            match system.framework {
-                Framework::Celery => {
-                    let rng = &mut ctx.rng;
-                    let message = celery_message(task, queue, &args, &mut || rng.random::<u128>());
-                    let _: i64 = redis::cmd("LPUSH")
-                        .arg(queue)
-                        .arg(&message.envelope)
-                        .query_async(ctx.rd)
-                        .await?;
-                    ctx.note(
-                        "racecert",
-                        "redis",
-                        format!(
-                            "LPUSH {queue} {task}[{}] tag {}",
-                            message.task_id, message.delivery_tag
-                        ),
-                        "message",
-                    );
-                    delivery_tag = Some(message.delivery_tag);
-                }
-                Framework::Apalis => {
-                    let job =
-                        serde_json::to_string(&args).map_err(|e| Error::other(e.to_string()))?;
-                    let id: String = sqlx::query_scalar(APALIS_INSERT)
-                        .bind(task)
-                        .bind(&job)
-                        .fetch_one(&mut *ctx.pg)
-                        .await
-                        .map_err(|err| {
-                            Error::Config(format!(
-                                "{}: enqueueing an apalis job failed (are apalis' tables created by the worker?): {err}",
-                                system.place("submit")
-                            ))
-                        })?;
-                    ctx.note(
-                        "racecert",
-                        "db",
-                        format!("INSERT apalis.jobs {task} id {id}"),
-                        "message",
-                    );
-                }
-                Framework::Custom => unreachable!("validated: custom has no preset"),
-            }
-        }
-        Submit::Command(command) => {
-            let redis_url = String::new();
-            let command = fill(
-                command,
-                &[
-                    ("request_id", &request_id),
-                    ("input", &input),
-                    ("venv", venv),
-                    ("redis_url", &redis_url),
-                    ("database_url", database),
-                ],
-            );
-            let output = Command::new("sh")
-                .arg("-c")
-                .arg(&command)
-                .current_dir(&system.start.workdir)
-                .envs(
-                    ctx.fleet.workers[0]
-                        .env
-                        .iter()
-                        .map(|(k, v)| (k.as_str(), v.as_str())),
-                )
-                .output()
-                .await
-                .map_err(|err| Error::io(format!("submit `{command}`"), err))?;
-            if !output.status.success() {
-                return Err(Error::Config(format!(
-                    "{}: submit command `{command}` failed ({}):\n{}",
-                    system.place("submit"),
-                    output.status,
-                    tail(&String::from_utf8_lossy(&output.stderr), 20)
-                )));
-            }
-            ctx.note(
-                "racecert",
-                "racecert",
-                format!("submitted with `{command}`"),
-                "message",
-            );
-        }
-    }
-    let _ = redis_db;
+    let delivery_tag = if fault == SystemFault::PrefetchRestore {
+        // A slow task first, then the request: the worker reserves the request behind it.
+        let blocker = format!("{} blocker {number}", ctx.prefix);
+        ctx.companions.push(blocker.clone());
+        ctx.submit(&format!("{}-blk", ctx.prefix), &blocker).await?;
+        ctx.submit(&request_id, &input).await?
+    } else {
+        ctx.submit(&request_id, &input).await?
+    };
+    let _ = (redis_db, venv, database);
 
     // Taken: a model call of this case arrived at some version's backend.
     let waited = Instant::now();
@@ -1282,6 +1368,65 @@ async fn run_case(
                     program.release().await;
                 }
                 ctx.reset_broker(other).await?;
+            }
+        }
+        SystemFault::PrefetchRestore => {
+            // The taker runs the slow task in front and holds the request in its prefetch: both
+            // deliveries are in `unacked`, their clocks running, the request never started.
+            let reserved_by = Instant::now() + Duration::from_secs(5);
+            let mut reserved = false;
+            while Instant::now() < reserved_by {
+                let unacked: Vec<String> = redis::cmd("HKEYS")
+                    .arg(celery_keys::UNACKED)
+                    .query_async(ctx.rd)
+                    .await?;
+                reserved = match &delivery_tag {
+                    Some(tag) => unacked.contains(tag),
+                    None => unacked.len() >= 2,
+                };
+                if reserved {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            ctx.note(
+                &taker_id,
+                &taker_id,
+                if reserved {
+                    "the request is reserved (prefetched) behind the slow task, unacked".to_owned()
+                } else {
+                    format!(
+                        "the request was not prefetched within 5 s (does the command set \
+                         --prefetch-multiplier itself? {CELERY_PREFETCH_ENV} is overridden by it)"
+                    )
+                },
+                "fault",
+            );
+            tokio::time::sleep(vt + Duration::from_millis(300)).await;
+            ctx.note(
+                &taker_id,
+                &taker_id,
+                format!(
+                    "reserved delivery older than visibility_timeout ({} ms), never started",
+                    vt.as_millis()
+                ),
+                "fault",
+            );
+            if other != taker {
+                // The stopped worker's start runs kombu's restore sweep.
+                if let Some(program) = restore_to_other(ctx, &mut slow_guards) {
+                    program.release().await;
+                }
+                ctx.fleet.start(other).await?;
+                let other_id = ctx.fleet.workers[other].id.clone();
+                ctx.note(
+                    &other_id,
+                    "redis",
+                    "started: its consumer's restore sweep",
+                    "fault",
+                );
+            } else {
+                ctx.reset_broker(taker).await?;
             }
         }
         SystemFault::KillPoolChild => {
@@ -1389,6 +1534,55 @@ async fn run_case(
     release_all(slow_guards).await;
     drain(ctx, done_by, vt.max(orphan)).await?;
     judge(ctx, number, fault, request_id).await
+}
+
+/// Puts the fleet in the shape case's fault needs. `prefetch-restore` runs the first worker with a
+/// prefetch multiplier > 1 ([`CELERY_PREFETCH_ENV`]) and stops the others until the fault, so the
+/// request waits in that worker's prefetch; every other case runs every worker as the file says.
+/// A worker is restarted only when its variables change or it is not running.
+async fn prepare_fleet(ctx: &mut CaseCtx<'_, '_>, fault: SystemFault) -> Result<()> {
+    let prefetch = fault == SystemFault::PrefetchRestore;
+    let multiplier = fault_prefetch(
+        ctx.system
+            .celery
+            .as_ref()
+            .map_or(1, |c| c.prefetch_multiplier),
+    );
+    // Stops first: a stopped worker takes nothing of the case.
+    let mut order: Vec<usize> = (0..ctx.fleet.workers.len()).collect();
+    order.rotate_left(1);
+    for index in order {
+        let want_env = if prefetch && index == 0 {
+            vec![(CELERY_PREFETCH_ENV.to_owned(), multiplier.to_string())]
+        } else {
+            Vec::new()
+        };
+        let want_running = !prefetch || index == 0;
+        let running = !ctx.fleet.exited(index);
+        let changed = ctx.fleet.workers[index].extra_env != want_env;
+        let id = ctx.fleet.workers[index].id.clone();
+        if running && (changed || !want_running) {
+            ctx.fleet.stop(index, Duration::from_secs(10)).await;
+            if !want_running {
+                ctx.note(&id, &id, "stopped for this case", "message");
+            }
+        }
+        ctx.fleet.workers[index].extra_env = want_env;
+        if want_running && (!running || changed) {
+            ctx.fleet.start(index).await?;
+            ctx.note(
+                &id,
+                &id,
+                if prefetch {
+                    format!("started with {CELERY_PREFETCH_ENV}={multiplier}")
+                } else {
+                    "started as the file describes it".to_owned()
+                },
+                "message",
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Waits until the request's row is final and nothing of the case is left in flight, or until
@@ -1598,7 +1792,7 @@ async fn judge(
             kind: "message".into(),
         });
     }
-    let model_calls: usize = ctx.calls().await?.iter().map(|(_, n)| n).sum();
+    let model_calls = ctx.request_calls().await;
 
     let mut violations = Vec::new();
     let finals: Vec<&AuditWrite> = writes

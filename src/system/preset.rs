@@ -15,6 +15,19 @@ pub mod celery_keys {
     pub const UNACKED_INDEX: &str = "unacked_index";
 }
 
+/// The variable `celery ... worker` reads for `--prefetch-multiplier`: Celery's CLI runs click
+/// with `auto_envvar_prefix="CELERY"` (celery/bin/celery.py), so the worker subcommand's options
+/// read `CELERY_WORKER_<OPTION>`. The value overrides the app's `worker_prefetch_multiplier`
+/// (celery/bin/worker.py: `value or app.conf.worker_prefetch_multiplier`); an explicit
+/// `--prefetch-multiplier` in the command wins over it. Checked with Celery 5.7.0.
+pub const CELERY_PREFETCH_ENV: &str = "CELERY_WORKER_PREFETCH_MULTIPLIER";
+
+/// The prefetch multiplier the `prefetch-restore` fault runs a Celery worker with: Celery's own
+/// default, or the app's when it is larger.
+pub fn fault_prefetch(configured: u32) -> u32 {
+    configured.max(4)
+}
+
 /// One Celery message (protocol 2) as `apply_async` writes it with the JSON serializer: the
 /// envelope `LPUSH`ed onto the queue's list.
 #[derive(Debug, Clone, PartialEq)]

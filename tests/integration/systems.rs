@@ -14,6 +14,8 @@ crate::tests!(
     celery_fenced_passes_every_celery_fault,
     system_files_that_cannot_work_fail_naming_the_place,
     apalis_naive_is_caught_by_missed_heartbeats_and_fenced_passes,
+    celery_prefetch_restore_catches_naive_and_fenced_passes,
+    celery_incident_log_replays_on_the_team_system,
 );
 
 fn example(file: &str) -> PathBuf {
@@ -238,5 +240,201 @@ async fn apalis_naive_is_caught_by_missed_heartbeats_and_fenced_passes(
         outcome.passed() && outcome.cases.len() == 2 && outcome.cases[0].model_calls == 2,
         "fenced: passes, the requeued job ran twice and wrote once:\n{text}"
     );
+    Ok(())
+}
+
+/// prefetch > 1: worker-a runs with Celery's prefetch multiplier raised through the variable the
+/// Celery CLI reads (`CELERY_WORKER_PREFETCH_MULTIPLIER`, the app's own setting is 1) and
+/// reserves the request behind a slow task; the reserved delivery outlives the visibility timeout
+/// without ever starting, a worker start's sweep restores it, and the request runs twice. The
+/// naive task writes twice; the fenced one refuses the second run (its row is final).
+async fn celery_prefetch_restore_catches_naive_and_fenced_passes(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let faults = [SystemFault::PrefetchRestore];
+    let naive = System::load(&example("celery-worker/naive.toml"))?;
+    let started = std::time::Instant::now();
+    let outcome = run_system(bed, &naive, &settings(&faults)).await?;
+    let text = summary(&outcome);
+    eprintln!("naive prefetch-restore: {:?}\n{text}", started.elapsed());
+    let case = outcome.cases.first().context_or(&text)?;
+    let broke: Vec<&str> = case
+        .violations
+        .iter()
+        .map(|v| v.invariant.as_str())
+        .collect();
+    anyhow::ensure!(
+        broke == ["at-most-one-final-write"] && case.final_writes == 2,
+        "naive: the prefetched request runs twice and writes twice:\n{text}"
+    );
+    anyhow::ensure!(
+        case.diagram.iter().any(|a| a
+            .label
+            .contains("reserved (prefetched) behind the slow task")),
+        "the request was really held in the worker's prefetch:\n{text}"
+    );
+    anyhow::ensure!(
+        outcome.log.iter().any(|l| l.worker == "worker-a"
+            && l.line.contains("redelivered=true")
+            && l.line.contains(&case.request)),
+        "the second run is Celery's redelivery of the same message:\n{text}"
+    );
+
+    let fenced = System::load(&example("celery-worker/fenced.toml"))?;
+    let started = std::time::Instant::now();
+    let outcome = run_system(bed, &fenced, &settings(&faults)).await?;
+    let text = summary(&outcome);
+    eprintln!("fenced prefetch-restore: {:?}\n{text}", started.elapsed());
+    let case = outcome.cases.first().context_or(&text)?;
+    anyhow::ensure!(
+        outcome.passed() && case.final_writes == 1,
+        "fenced: one final write:\n{text}"
+    );
+    anyhow::ensure!(
+        outcome
+            .log
+            .iter()
+            .any(|l| l.line.contains(&case.request) && l.line.contains("redelivered=true")),
+        "fenced: the restored delivery did run again (and found the row final):\n{text}"
+    );
+    Ok(())
+}
+
+trait ContextOr<T> {
+    fn context_or(self, text: &str) -> anyhow::Result<T>;
+}
+
+impl<T> ContextOr<T> for Option<T> {
+    fn context_or(self, text: &str) -> anyhow::Result<T> {
+        self.ok_or_else(|| anyhow::anyhow!("no case ran:\n{text}"))
+    }
+}
+
+fn racecert_cli(args: &[&str]) -> std::io::Result<std::process::Output> {
+    std::process::Command::new(env!("CARGO_BIN_EXE_racecert"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("REDIS_URL")
+        .env_remove("DATABASE_URL")
+        .env_remove("TOXIPROXY_URL")
+        .output()
+}
+
+/// `racecert replay LOG --system FILE`: the log the naive Celery workers wrote during a caught run
+/// (Celery's own lines and the task's, as `docker compose logs` shows them) is diagnosed, and its
+/// diagnoses are re-created with Celery's faults on the team's system: reproduced on the naive
+/// task, prevented by the fenced one. A log with nothing to reconstruct exits 2; a system file
+/// that cannot load is named with its line and column.
+async fn celery_incident_log_replays_on_the_team_system(bed: &TestBed) -> anyhow::Result<()> {
+    let dir = std::env::temp_dir().join(format!("racecert-sys-replay-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let naive_file = example("celery-worker/naive.toml");
+    let fenced_file = example("celery-worker/fenced.toml");
+
+    // The incident: a caught run of the naive example, its workers' log.
+    let naive = System::load(&naive_file)?;
+    let outcome = run_system(bed, &naive, &settings(&[SystemFault::ForcedRestore])).await?;
+    anyhow::ensure!(
+        !outcome.passed(),
+        "the run must be caught:\n{}",
+        summary(&outcome)
+    );
+    let log = racecert::report::system::workers_log(&outcome);
+    let log_path = dir.join("incident.log");
+    std::fs::write(&log_path, &log)?;
+    let analysis = racecert::replay::analyse(log.as_bytes(), None);
+    anyhow::ensure!(
+        analysis.malformed.is_empty(),
+        "every line of the workers' own output is read or skipped as a known shape:\n{}",
+        analysis.text()
+    );
+    let causes: Vec<&str> = analysis.findings.iter().map(|f| f.cause.name()).collect();
+    anyhow::ensure!(
+        causes.contains(&"multiple-final-writes"),
+        "the naive run's own log shows two final writes (diagnosed: {causes:?}):\n{}\n{log}",
+        analysis.text()
+    );
+
+    // The CLI starts a test bed of its own; ours only needs to stay out of the way.
+    let _shared = bed.shared().await;
+    let log_arg = log_path.display().to_string();
+    for (file, code, verdict) in [
+        (&naive_file, 1, "REPRODUCED on the team's worker"),
+        (&fenced_file, 0, "prevented by the team's worker"),
+    ] {
+        let started = std::time::Instant::now();
+        let file_arg = file.display().to_string();
+        let out = racecert_cli(&["replay", &log_arg, "--system", &file_arg])?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        eprintln!(
+            "replay --system {}: exit {:?} in {:?}",
+            file.display(),
+            out.status.code(),
+            started.elapsed()
+        );
+        anyhow::ensure!(
+            out.status.code() == Some(code)
+                && stdout.contains("cause multiple-final-writes")
+                && stdout.contains(verdict)
+                && stdout.contains("forced-restore"),
+            "replay {} --system {}: exit {:?}\n{stdout}\n{stderr}",
+            log_arg,
+            file.display(),
+            out.status.code()
+        );
+        if code == 1 {
+            anyhow::ensure!(
+                stdout.contains("replay: racecert replay --system")
+                    && stdout.contains("sequence diagram of case"),
+                "a reproduced diagnosis names its case's replay and diagram:\n{stdout}"
+            );
+        }
+    }
+
+    // Nothing to reconstruct: exit 2, said clearly.
+    let empty = dir.join("banner.log");
+    std::fs::write(
+        &empty,
+        "worker-a | celery@x ready? no: only a banner line\n",
+    )?;
+    let out = racecert_cli(&[
+        "replay",
+        &empty.display().to_string(),
+        "--system",
+        &naive_file.display().to_string(),
+    ])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(
+        out.status.code() == Some(2) && stderr.contains("nothing to replay"),
+        "exit {:?}: {stderr}",
+        out.status.code()
+    );
+
+    // A system file that cannot load: its file, line and column.
+    let broken = dir.join("broken.toml");
+    std::fs::write(
+        &broken,
+        std::fs::read_to_string(&naive_file)?.replace("[results]", "[results]\ncolour = 1"),
+    )?;
+    let out = racecert_cli(&[
+        "replay",
+        &log_arg,
+        "--system",
+        &broken.display().to_string(),
+    ])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let results_line = std::fs::read_to_string(&broken)?
+        .lines()
+        .position(|l| l == "colour = 1")
+        .map(|i| i + 1)
+        .unwrap_or_default();
+    anyhow::ensure!(
+        out.status.code() != Some(0) && stderr.contains(&format!("broken.toml:{results_line}:1")),
+        "exit {:?}: {stderr}",
+        out.status.code()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

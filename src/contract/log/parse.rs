@@ -6,7 +6,9 @@
 //! - Celery's worker format (`[2026-06-26 10:15:21,104: INFO/MainProcess] Task tasks.infer[ID]
 //!   received`, `succeeded in 12.3s: ..`, `raised unexpected: ..`, `retry: Retry in 5s`,
 //!   `Restoring N unacknowledged message(s)`, `celery@host ready.`, task-logger lines), with its
-//!   start banner and tracebacks skipped;
+//!   start banner and tracebacks skipped; in a stream that has shown Celery's or Python's
+//!   format (per prefix), a line that is no record is the continuation of a multi-line message
+//!   (Python `warnings` output, Celery's connection-loss notices) and is skipped, not malformed;
 //!
 //! Why one file of ~1,000 lines: one reader per line shape (logfmt, JSON, Celery's formats) and the
 //! field-spelling table they share; a line is tried against each in turn, in one place.
@@ -553,12 +555,14 @@ enum Read {
 }
 
 /// Reads lines in order, remembering what spans lines: Celery hostnames from start lines (per
-/// prefix), and whether a banner or a traceback is running.
+/// prefix), whether a banner or a traceback is running, and which streams (per prefix) are a
+/// Python process's, whose lines that are no record continue a multi-line message.
 #[derive(Debug, Default)]
 struct Reader {
     hostnames: HashMap<String, String>,
     banner: bool,
     traceback: bool,
+    python: std::collections::HashSet<String>,
 }
 
 static COMPOSE_PREFIX: LazyLock<Regex> =
@@ -588,6 +592,10 @@ static CELERY_RETRY_IN: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"Retry in ([0-9.]+)s").expect("valid regex"));
 static CELERY_RESTORING: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^Restoring (\d+) unacknowledged message").expect("valid regex"));
+/// Python's `warnings` output: `path/to/module.py:893: SecurityWarning: message`.
+static PYTHON_WARNING: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^\S+\.py:\d+: [A-Za-z_]*(?:Warning|Error): ").expect("valid regex")
+});
 static CELERY_TASK_LOGGER: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^([^\s\[]+)\[([^\]\s]+)\]: (.*)$").expect("valid regex"));
 
@@ -595,6 +603,15 @@ impl Reader {
     fn read(&mut self, text: &str) -> Result<Read, String> {
         let (source, rest) = split_source(text);
         let body = rest.trim();
+        let stream = source.unwrap_or("");
+        if body.is_empty() {
+            // A blank line behind a `compose logs` prefix.
+            return Ok(Read::Skip);
+        }
+        if PYTHON_WARNING.is_match(body) {
+            self.python.insert(stream.to_owned());
+            return Ok(Read::Skip);
+        }
         if self.traceback {
             if rest.starts_with(char::is_whitespace) {
                 return Ok(Read::Skip);
@@ -613,6 +630,7 @@ impl Reader {
         }
         if let Some(captures) = CELERY_LINE.captures(body) {
             self.banner = false;
+            self.python.insert(stream.to_owned());
             let group = |i| captures.get(i).map_or("", |m| m.as_str());
             return Ok(self.celery(source, group(1), group(2), group(3).trim(), group(4).trim()));
         }
@@ -620,6 +638,7 @@ impl Reader {
             && let Some(captures) = CELERY_BANNER.captures(body)
         {
             self.banner = true;
+            self.python.insert(stream.to_owned());
             self.hostnames
                 .insert(source.unwrap_or("").to_owned(), captures[1].to_owned());
             return Ok(Read::Skip);
@@ -634,7 +653,14 @@ impl Reader {
             }
             self.banner = false;
         }
-        let mut raw = logfmt(body)?;
+        let mut raw = match logfmt(body) {
+            Ok(raw) => raw,
+            // A multi-line message of a Python process continues on lines of free text.
+            Err(_) if self.python.contains(stream) && !looks_like_a_record(body) => {
+                return Ok(Read::Skip);
+            }
+            Err(err) => return Err(err),
+        };
         raw.worker = source.map(str::to_owned);
         Ok(finish(raw))
     }
@@ -652,12 +678,11 @@ impl Reader {
         if let Some(captures) = CELERY_READY.captures(message) {
             self.hostnames.insert(key.clone(), captures[1].to_owned());
         }
-        let worker = self
+        let known = self
             .hostnames
             .get(&key)
             .cloned()
-            .or_else(|| source.map(str::to_owned))
-            .unwrap_or_else(|| "celery".to_owned());
+            .or_else(|| source.map(str::to_owned));
         let mut fields = vec![("process".to_owned(), process.to_owned())];
         if CELERY_READY.is_match(message) {
             fields.push((
@@ -667,6 +692,20 @@ impl Reader {
         } else if !celery_message(message, &mut fields) {
             fields.push(("msg".to_owned(), message.to_owned()));
         }
+        // The process that logged the line is Celery's worker, whatever name the task's own
+        // message gives it (`worker_id=pod-7` of an app setting): Celery's own lines of the same
+        // attempt (`received`, `succeeded in`) carry the hostname, and one attempt must have one
+        // worker. The task's name for it stays, as `logged_worker_id`.
+        if known.is_some() {
+            for (key, _) in fields.iter_mut() {
+                if matches!(meaning(key), Some(Meaning::Field("worker_id"))) {
+                    *key = "logged_worker_id".to_owned();
+                }
+            }
+        }
+        let worker = known
+            .or_else(|| field_value(&fields, "worker_id"))
+            .unwrap_or_else(|| "celery".to_owned());
         let raw = Raw {
             ts: Some(ts.to_owned()),
             level: Some(level.to_owned()),
@@ -675,6 +714,14 @@ impl Reader {
         };
         finish(raw)
     }
+}
+
+/// The value of the first field meaning `seed_name`, whatever its spelling.
+fn field_value(fields: &[(String, String)], seed_name: &str) -> Option<String> {
+    fields
+        .iter()
+        .find(|(k, _)| matches!(meaning(k), Some(Meaning::Field(name)) if name == seed_name))
+        .map(|(_, v)| v.clone())
 }
 
 fn finish(raw: Raw) -> Read {
@@ -1032,4 +1079,4 @@ fn canonical(raw: Raw) -> (LogLine, Option<i64>) {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
