@@ -7,7 +7,11 @@
 //! Behaviour is programmable per case with wiremock's own scoped mocks: a case's calls are
 //! recognised by its key prefix in the request body ([`CaseCalls`]), and a program (a delay, HTTP
 //! failures, the first N calls failing via `up_to_n_times`) is a set of scoped mocks that lasts as
-//! long as its [`ProgramGuard`]. The request journal is wiremock's own, read back for the checkers.
+//! long as its [`ProgramGuard`]. Every call a mock answers is written to the backend's journal
+//! ([`ModelBackend::journal`]) for the checkers, and a case's entries are taken out of it when
+//! its history is assembled ([`ModelBackend::take_journal`]). Not wiremock's own request recording: it keeps every
+//! request for the server's lifetime and hands out a copy of all of them on each read, so a long
+//! exploration grew by ~11 KiB a case and every case's read got slower.
 //!
 //! Every mock is mounted at wiremock's default priority, in order: wiremock 0.6 sorts its mocks
 //! by priority in place while a scoped mock's guard remembers its index, so mixing priorities
@@ -174,6 +178,38 @@ pub struct ModelBackend {
     version: String,
     api: ModelApi,
     programs: Arc<Programs>,
+    journal: Arc<Journal>,
+}
+
+/// The calls a backend answered, in arrival order, each with its sequence number and its body.
+#[derive(Default)]
+struct Journal {
+    calls: Mutex<(usize, Vec<(usize, bytes::Bytes)>)>,
+}
+
+impl Journal {
+    fn record(&self, body: &[u8]) {
+        let mut calls = self.calls.lock().expect("poisoned");
+        let seq = calls.0;
+        calls.0 += 1;
+        calls.1.push((seq, bytes::Bytes::copy_from_slice(body)));
+    }
+}
+
+/// Writes each call it answers to the journal, then answers as `inner` does.
+struct Journaled {
+    journal: Arc<Journal>,
+    api: ModelApi,
+    inner: Box<dyn Respond>,
+}
+
+impl Respond for Journaled {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        if self.api.is_call(request.url.path()) {
+            self.journal.record(&request.body);
+        }
+        self.inner.respond(request)
+    }
 }
 
 /// The cases that have a program, and its mocks (wiremock deactivates them when dropped).
@@ -280,9 +316,14 @@ pub struct CaseCalls {
 
 impl Match for CaseCalls {
     fn matches(&self, request: &Request) -> bool {
-        let needle = self.prefix.as_bytes();
-        request.body.windows(needle.len()).any(|w| w == needle)
+        contains(&request.body, &self.prefix)
     }
+}
+
+/// Whether a call's body names a case's key prefix.
+fn contains(body: &[u8], prefix: &str) -> bool {
+    let needle = prefix.as_bytes();
+    body.windows(needle.len()).any(|w| w == needle)
 }
 
 /// Matches calls of cases without a program: the default answer must not shadow a program (the
@@ -382,13 +423,21 @@ impl ModelBackend {
 
     /// Starts a backend serving `version` in the shape of `api`.
     pub async fn start_with(name: &str, version: &str, api: ModelApi) -> ModelBackend {
-        let server = MockServer::builder().start().await;
+        let server = MockServer::builder()
+            .disable_request_recording()
+            .start()
+            .await;
         let programs = Arc::new(Programs::default());
+        let journal = Arc::new(Journal::default());
         api.route()
             .and(Unprogrammed(programs.clone()))
-            .respond_with(ModelResponder {
-                version: version.to_owned(),
+            .respond_with(Journaled {
+                journal: journal.clone(),
                 api: api.clone(),
+                inner: Box::new(ModelResponder {
+                    version: version.to_owned(),
+                    api: api.clone(),
+                }),
             })
             .named(format!("{name} serves {version}"))
             .mount(&server)
@@ -399,6 +448,7 @@ impl ModelBackend {
             version: version.to_owned(),
             api,
             programs,
+            journal,
         }
     }
 
@@ -451,6 +501,11 @@ impl ModelBackend {
                 prefix: case_prefix.to_owned(),
             })
         };
+        let journaled = |inner: Box<dyn Respond>| Journaled {
+            journal: self.journal.clone(),
+            api: self.api.clone(),
+            inner,
+        };
         let answer = ModelResponder {
             version: self.version.clone(),
             api: self.api.clone(),
@@ -458,27 +513,29 @@ impl ModelBackend {
         let mut mocks = Vec::new();
         match behaviour {
             Behaviour::Delay(delay) => {
-                mocks.push(case().respond_with(DelayedResponder(answer, delay)));
+                mocks.push(
+                    case().respond_with(journaled(Box::new(DelayedResponder(answer, delay)))),
+                );
             }
             Behaviour::Stall { delay, deadlines } => {
-                mocks.push(case().respond_with(StallingResponder {
+                mocks.push(case().respond_with(journaled(Box::new(StallingResponder {
                     answer,
                     api: self.api.clone(),
                     delay,
                     deadlines: deadlines.0,
-                }));
+                }))));
             }
             Behaviour::Fail { status } => {
-                mocks.push(case().respond_with(error_template(status)));
+                mocks.push(case().respond_with(journaled(Box::new(error_template(status)))));
             }
             Behaviour::FailFirst { status, calls } => {
                 // Mounted first, so it answers until wiremock has counted `calls` of them.
                 mocks.push(
                     case()
-                        .respond_with(error_template(status))
+                        .respond_with(journaled(Box::new(error_template(status))))
                         .up_to_n_times(calls),
                 );
-                mocks.push(case().respond_with(answer));
+                mocks.push(case().respond_with(journaled(Box::new(answer))));
             }
         }
         let mut guards = Vec::new();
@@ -498,22 +555,37 @@ impl ModelBackend {
         })
     }
 
-    /// Every call received so far, optionally only those of one case.
+    /// Every call answered so far and not forgotten, optionally only those of one case.
     pub async fn journal(&self, case_prefix: Option<&str>) -> Vec<JournalEntry> {
-        let requests = self.server.received_requests().await.unwrap_or_default();
-        let case = case_prefix.map(|prefix| CaseCalls {
-            prefix: prefix.to_owned(),
-        });
-        requests
+        let calls = self.journal.calls.lock().expect("poisoned");
+        calls
+            .1
             .iter()
-            .filter(|r| self.api.is_call(r.url.path()))
-            .enumerate()
-            .filter(|(_, r)| case.as_ref().is_none_or(|case| case.matches(r)))
-            .map(|(seq, r)| JournalEntry {
+            .filter(|(_, body)| case_prefix.is_none_or(|prefix| contains(body, prefix)))
+            .map(|(seq, body)| JournalEntry {
+                seq: *seq,
+                backend: self.name.clone(),
+                model_version: self.version.clone(),
+                request: self.api.read(body).ok(),
+            })
+            .collect()
+    }
+
+    /// The calls of one case that is over, taken out of the journal, so that it holds the cases
+    /// in flight and not every case so far.
+    pub fn take_journal(&self, case_prefix: &str) -> Vec<JournalEntry> {
+        let mut calls = self.journal.calls.lock().expect("poisoned");
+        let (taken, kept) = std::mem::take(&mut calls.1)
+            .into_iter()
+            .partition(|(_, body)| contains(body, case_prefix));
+        calls.1 = kept;
+        taken
+            .into_iter()
+            .map(|(seq, body): (usize, bytes::Bytes)| JournalEntry {
                 seq,
                 backend: self.name.clone(),
                 model_version: self.version.clone(),
-                request: self.api.read(&r.body).ok(),
+                request: self.api.read(&body).ok(),
             })
             .collect()
     }
@@ -664,6 +736,10 @@ mod tests {
         assert_eq!(journal.len(), 5);
         assert!(journal.windows(2).all(|w| w[0].seq < w[1].seq));
         assert_eq!(backend.journal(None).await.len(), 7);
+        // Once a case's history is read, its calls leave the journal; the others stay.
+        assert_eq!(backend.take_journal("case-2:"), journal);
+        assert!(backend.journal(Some("case-2:")).await.is_empty());
+        assert_eq!(backend.journal(None).await.len(), 2);
         assert!(
             backend
                 .program("", Behaviour::Fail { status: 500 })

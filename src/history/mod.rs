@@ -326,6 +326,7 @@ pub struct History {
 
 /// Assembles the history of a run whose keys live under `prefix`: its events, plus the two
 /// sources no worker can bypass (the audit trail and every backend's journal) and the job rows.
+/// The run is over: its calls are taken out of the backends' journals.
 pub async fn collect(
     bed: &crate::env::TestBed,
     pg: &PgPool,
@@ -335,7 +336,7 @@ pub async fn collect(
 ) -> Result<History> {
     let mut journal = Vec::new();
     for version in bed.versions() {
-        journal.extend(bed.backend(version)?.journal(Some(prefix)).await);
+        journal.extend(bed.backend(version)?.take_journal(prefix));
     }
     Ok(History {
         events,
