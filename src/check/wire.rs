@@ -82,27 +82,33 @@ fn positive(reply: Option<&RedisReply>) -> bool {
 }
 
 /// The bound version of each worker, as its own lines and starts say (for stale reads).
-fn versions_of_workers(history: &History) -> HashMap<String, String> {
-    let mut versions = HashMap::new();
-    for event in &history.events {
+/// Each worker's model version as of the event being judged: a worker restarted on a new
+/// version (a rolling restart keeps its id) reads as that version from its restart on, and as
+/// the old one before it.
+#[derive(Default)]
+struct WorkerVersions(HashMap<String, String>);
+
+impl WorkerVersions {
+    fn observe(&mut self, event: &crate::history::Event) {
         match &event.kind {
             EventKind::Harness(Observation::WorkerStarted { worker, version }) => {
-                versions.insert(worker.clone(), version.clone());
+                self.0.insert(worker.clone(), version.clone());
             }
             EventKind::Worker(line) => {
                 if let (Some(worker), Some(version)) =
                     (line.get("worker_id"), line.get("model_version"))
                     && !line.is(Status::Cutover)
                 {
-                    versions
-                        .entry(worker.to_owned())
-                        .or_insert_with(|| version.to_owned());
+                    self.0.insert(worker.to_owned(), version.to_owned());
                 }
             }
             _ => {}
         }
     }
-    versions
+
+    fn of(&self, worker: &str) -> Option<&String> {
+        self.0.get(worker)
+    }
 }
 
 /// Lease discipline: a lease is taken only when free (or by its holder), and renewed or released
@@ -276,9 +282,10 @@ pub(super) fn no_cross_version_cache_entry(history: &History, keys: &KeyMatcher)
 /// whose answer was produced by a version other than the reader's.
 pub(super) fn no_stale_cache_read(history: &History, keys: &KeyMatcher) -> Vec<Violation> {
     let namespace = history.namespace.as_deref();
-    let versions = versions_of_workers(history);
+    let mut versions = WorkerVersions::default();
     let mut violations = Vec::new();
     for event in &history.events {
+        versions.observe(event);
         let EventKind::Wire(wire) = &event.kind else {
             continue;
         };
@@ -296,7 +303,7 @@ pub(super) fn no_stale_cache_read(history: &History, keys: &KeyMatcher) -> Vec<V
         if keys.is_lease(key) {
             continue;
         }
-        let Some(reader) = versions.get(&wire.worker) else {
+        let Some(reader) = versions.of(&wire.worker) else {
             continue;
         };
         let served = output_versions(text);
@@ -533,5 +540,39 @@ mod tests {
         assert_eq!(no_stale_cache_read(&stale, &matcher).len(), 1);
         stale.events.truncate(1);
         assert!(no_stale_cache_read(&stale, &matcher).is_empty());
+    }
+
+    #[test]
+    fn a_worker_restarted_on_a_new_version_is_judged_by_its_version_at_each_read() {
+        // A rolling restart keeps the worker's id: its v1 reads before it and its v2 reads after
+        // it are both fresh (seen as a false no-stale-cache-read in a long fleet run, when the
+        // last start's version judged every read).
+        let matcher = KeyLayout::contract("c:").matcher();
+        let read = |version: &str| {
+            let output = crate::contract::model_output("x", version);
+            redis_trip(
+                "b",
+                "GET",
+                &[&format!("c:inf:{version}:abc")],
+                &[&format!("c:inf:{version}:abc")],
+                RedisReply::Bulk {
+                    len: output.len(),
+                    text: output,
+                },
+            )
+        };
+        let started = |version: &str| {
+            EventKind::Harness(Observation::WorkerStarted {
+                worker: "b".into(),
+                version: version.into(),
+            })
+        };
+        let rolled = history(vec![started("v1"), read("v1"), started("v2"), read("v2")]);
+        assert!(no_stale_cache_read(&rolled, &matcher).is_empty());
+        // After the restart, an entry of the old version is still a stale read.
+        let stale = history(vec![started("v1"), read("v1"), started("v2"), read("v1")]);
+        let found = no_stale_cache_read(&stale, &matcher);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].observed.contains("running as v2 read a v1 output"));
     }
 }
