@@ -162,6 +162,28 @@ impl Infra {
 pub const HARNESS_REDIS_PATIENCE: (Duration, Duration) =
     (Duration::from_secs(10), Duration::from_secs(30));
 
+/// Every key matching `pattern` (a Redis glob), walked with SCAN 10,000 keys a round trip (the
+/// default of 10 made one walk of a shared keyspace hundreds of round trips).
+pub async fn scan_keys(redis: &mut ConnectionManager, pattern: &str) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(10_000)
+            .query_async(redis)
+            .await?;
+        found.extend(keys);
+        if next == 0 {
+            return Ok(found);
+        }
+        cursor = next;
+    }
+}
+
 /// A boxed, sendable future (the trait objects below need one).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

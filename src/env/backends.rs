@@ -562,12 +562,7 @@ impl ModelBackend {
             .1
             .iter()
             .filter(|(_, body)| case_prefix.is_none_or(|prefix| contains(body, prefix)))
-            .map(|(seq, body)| JournalEntry {
-                seq: *seq,
-                backend: self.name.clone(),
-                model_version: self.version.clone(),
-                request: self.api.read(body).ok(),
-            })
+            .map(|(seq, body)| self.entry(*seq, body))
             .collect()
     }
 
@@ -580,14 +575,19 @@ impl ModelBackend {
             .partition(|(_, body)| contains(body, case_prefix));
         calls.1 = kept;
         taken
-            .into_iter()
-            .map(|(seq, body): (usize, bytes::Bytes)| JournalEntry {
-                seq,
-                backend: self.name.clone(),
-                model_version: self.version.clone(),
-                request: self.api.read(&body).ok(),
-            })
+            .iter()
+            .map(|(seq, body): &(usize, bytes::Bytes)| self.entry(*seq, body))
             .collect()
+    }
+
+    /// A journaled call as the checkers read it.
+    fn entry(&self, seq: usize, body: &[u8]) -> JournalEntry {
+        JournalEntry {
+            seq,
+            backend: self.name.clone(),
+            model_version: self.version.clone(),
+            request: self.api.read(body).ok(),
+        }
     }
 }
 

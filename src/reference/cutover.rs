@@ -81,32 +81,16 @@ impl Cutover {
         let namespace = format!("{}inf:", keys.prefix());
         let pattern = format!("{namespace}*");
         let kept = format!("{namespace}{}:", self.to);
-        // SCAN with a large COUNT: the keyspace holds every other tenant's keys too, and
-        // SCAN's default of 10 per round trip made one invalidation hundreds of round trips.
-        let mut doomed = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(10_000)
-                .query_async(redis)
-                .await?;
-            for key in keys {
-                // A versioned entry is `inf:{version}:{hash}`; an unversioned one (a defect's
-                // layout) has no version to retire and stays unless everything is flushed.
+        // A versioned entry is `inf:{version}:{hash}`; an unversioned one (a defect's layout)
+        // has no version to retire and stays unless everything is flushed.
+        let doomed: Vec<String> = crate::contract::worker::scan_keys(redis, &pattern)
+            .await?
+            .into_iter()
+            .filter(|key| {
                 let versioned = key[namespace.len().min(key.len())..].contains(':');
-                if self.flush_all || (versioned && !key.starts_with(&kept)) {
-                    doomed.push(key);
-                }
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
+                self.flush_all || (versioned && !key.starts_with(&kept))
+            })
+            .collect();
         let deleted: u64 = if doomed.is_empty() {
             0
         } else {

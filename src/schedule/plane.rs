@@ -423,25 +423,13 @@ impl<'b> Services<'b> {
     /// Deletes every Redis key of the case's namespace.
     pub(crate) async fn flush_namespace(&self) -> Result<()> {
         let mut redis = self.admin.redis.clone();
-        let pattern = format!("{}*", self.keys.prefix());
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(10_000)
-                .query_async(&mut redis)
+        let keys =
+            crate::contract::worker::scan_keys(&mut redis, &format!("{}*", self.keys.prefix()))
                 .await?;
-            if !keys.is_empty() {
-                let _: i64 = redis::cmd("DEL").arg(&keys).query_async(&mut redis).await?;
-            }
-            if next == 0 {
-                return Ok(());
-            }
-            cursor = next;
+        if !keys.is_empty() {
+            let _: i64 = redis::cmd("DEL").arg(&keys).query_async(&mut redis).await?;
         }
+        Ok(())
     }
 
     /// Undoes every lasting fault: links enabled, toxics removed, backend programs dropped.

@@ -1143,26 +1143,14 @@ impl<'b> Case<'b> {
     /// case left to claim.
     async fn clean(&mut self) -> Result<()> {
         let mut redis = self.admin.redis.clone();
-        let mut cursor = 0u64;
-        loop {
-            let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(format!("{}inf:*", self.keys.prefix()))
-                .arg("COUNT")
-                .arg(1000)
+        let found =
+            crate::contract::worker::scan_keys(&mut redis, &format!("{}inf:*", self.keys.prefix()))
+                .await?;
+        if !found.is_empty() {
+            let _: i64 = redis::cmd("DEL")
+                .arg(&found)
                 .query_async(&mut redis)
                 .await?;
-            if !found.is_empty() {
-                let _: i64 = redis::cmd("DEL")
-                    .arg(&found)
-                    .query_async(&mut redis)
-                    .await?;
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
         }
         let _: i64 = redis::cmd("DEL")
             .arg(self.keys.active_version())
