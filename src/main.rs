@@ -782,7 +782,7 @@ async fn replay_on_system(
         );
         return Ok(ExitCode::from(NOTHING_RECONSTRUCTED));
     }
-    let faults = racecert::replay::system::faults_to_run(&analysis, system.framework);
+    let faults = racecert::replay::system::faults_to_run(&analysis, system.framework, &system.keys);
     let outcome = if faults.is_empty() {
         None
     } else {
@@ -790,6 +790,8 @@ async fn replay_on_system(
         settings.cases = faults.len() as u32;
         settings.faults = faults;
         settings.stop_at_first_failure = false;
+        // A fault runs only while a diagnosis it could re-create is not reproduced yet.
+        settings.goals = racecert::replay::system::goals(&analysis, system.framework, &system.keys);
         // One case per fault, each bounded by its own drain: the budget only guards against a
         // system that never settles.
         settings.budget = std::time::Duration::from_secs(900);
@@ -816,6 +818,7 @@ async fn replay_on_system(
         system_file,
         &system.name,
         system.framework,
+        &system.keys,
         outcome,
     );
     print(report.text(), serde_json::to_string_pretty(&report)?);

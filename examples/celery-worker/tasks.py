@@ -1,6 +1,6 @@
 """An inference worker written the way a team writes it on Celery 5 with the Redis broker.
 
-Two tasks do the same job (create the result row, call the model, store its output):
+Three tasks do the same job (create the result row, call the model, store its output):
 
 - ``tasks.infer_naive`` ends with a plain ``UPDATE ... WHERE request_id = ...``: when Celery runs a
   request twice (the message outlived ``visibility_timeout`` and was restored while the first
@@ -10,12 +10,14 @@ Two tasks do the same job (create the result row, call the model, store its outp
   logs ``late_write_rejected`` and discards its result. It also sets ``reject_on_worker_lost`` so a
   killed pool child requeues its message instead of losing the job, and retries when the database
   is unreachable instead of leaving its row unfinished.
+- ``tasks.infer_locked`` is the fenced task behind a per-request Redis lock that saves duplicate
+  model calls, with a flaw only the wire shows: a redelivered message takes the lock over.
 
 Configuration comes from the environment only, so any harness (racecert, a test, a person) can run
 it unchanged: ``BROKER_URL`` (Redis), ``DATABASE_URL`` (Postgres), ``MODEL_URL`` (an
 OpenAI-compatible server), ``MODEL_NAME``, ``MODEL_VERSION``, ``WORKER_NAME``,
 ``VISIBILITY_TIMEOUT_S`` (default 5: short on purpose, real inference outlives it),
-``MODEL_TIMEOUT_S`` (default 30).
+``MODEL_TIMEOUT_S`` (default 30), ``LOCK_TTL_MS`` (default 60000).
 """
 
 import json
@@ -23,8 +25,10 @@ import logging
 import os
 import urllib.error
 import urllib.request
+import uuid
 
 import psycopg
+import redis
 from celery import Celery
 from celery.utils.log import get_task_logger
 
@@ -36,6 +40,7 @@ MODEL_VERSION = os.environ.get("MODEL_VERSION", "v1")
 WORKER_NAME = os.environ.get("WORKER_NAME", "worker-a")
 VISIBILITY_TIMEOUT_S = float(os.environ.get("VISIBILITY_TIMEOUT_S", "5"))
 MODEL_TIMEOUT_S = float(os.environ.get("MODEL_TIMEOUT_S", "30"))
+LOCK_TTL_MS = int(os.environ.get("LOCK_TTL_MS", "60000"))
 
 app = Celery("tasks", broker=BROKER_URL)
 app.conf.update(
@@ -156,6 +161,11 @@ def infer_naive(self, request_id, input):
 def infer_fenced(self, request_id, input):
     """Take an epoch before the model call; write only while that epoch is still the row's."""
     received(self, request_id)
+    run_fenced(self, request_id, input)
+
+
+def run_fenced(task, request_id, input):
+    """The fenced body: epoch at start, final write only while the epoch is still the row's."""
     with connect() as conn:
         ensure_row(conn, request_id, input)
         row = conn.execute(
@@ -165,15 +175,15 @@ def infer_fenced(self, request_id, input):
             (WORKER_NAME, request_id),
         ).fetchone()
         if row is None:
-            step(self, request_id, "already_completed")
+            step(task, request_id, "already_completed")
             return None
         epoch = row[0]
-        step(self, request_id, "job_taken", generation=epoch)
-        step(self, request_id, "inference_started", generation=epoch)
+        step(task, request_id, "job_taken", generation=epoch)
+        step(task, request_id, "inference_started", generation=epoch)
         try:
             output = call_model(input)
         except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
-            step(self, request_id, "upstream_failed", logging.WARNING, error=exc)
+            step(task, request_id, "upstream_failed", logging.WARNING, error=exc)
             conn.execute(
                 "UPDATE inference_results SET status = 'FAILED', updated_at = now()"
                 " WHERE request_id = %s AND epoch = %s AND status NOT IN ('SUCCEEDED', 'FAILED')",
@@ -187,8 +197,61 @@ def infer_fenced(self, request_id, input):
             (output, MODEL_VERSION, request_id, epoch),
         ).rowcount
     if written == 1:
-        step(self, request_id, "inference_succeeded", write="result_store", generation=epoch)
+        step(task, request_id, "inference_succeeded", write="result_store", generation=epoch)
     else:
-        step(self, request_id, "late_write_rejected", logging.WARNING, generation=epoch)
-        step(self, request_id, "discarded_late_result", logging.WARNING, generation=epoch)
+        step(task, request_id, "late_write_rejected", logging.WARNING, generation=epoch)
+        step(task, request_id, "discarded_late_result", logging.WARNING, generation=epoch)
     return None
+
+
+_LOCKS = None
+
+
+def lock_store():
+    """The Redis the locks live in: the broker's (one connection pool per process)."""
+    global _LOCKS
+    if _LOCKS is None:
+        _LOCKS = redis.Redis.from_url(BROKER_URL)
+    return _LOCKS
+
+
+# Compare-and-delete: release the lock only while it still holds this attempt's token.
+RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+
+
+@app.task(
+    bind=True,
+    name="tasks.infer_locked",
+    reject_on_worker_lost=True,
+    autoretry_for=(psycopg.OperationalError,),
+    retry_backoff=1,
+    retry_backoff_max=4,
+    retry_jitter=False,
+    max_retries=20,
+)
+def infer_locked(self, request_id, input):
+    """The fenced task behind a per-request lock (``lock:{request_id}``, ``SET NX PX``) that saves
+    duplicate model calls, released by compare-and-delete.
+
+    Its flaw, a common one: a redelivered message is taken to mean that the worker running it
+    died, so the lock is taken over (``SET`` without ``NX``) instead of waited for. With the Redis
+    broker a redelivery means only that the message outlived ``visibility_timeout``; the first
+    attempt may still be running, and then two attempts hold the lock at once. The result table
+    stays right (the epoch fence); the lock does not, and nothing in the logs says so: only the
+    wire does (racecert's lease-discipline check, given ``[keys] lease = "lock:{key}"``).
+    """
+    received(self, request_id)
+    key = f"lock:{request_id}"
+    token = f"{WORKER_NAME}:{self.request.id}:{uuid.uuid4().hex[:8]}"
+    store = lock_store()
+    if (self.request.delivery_info or {}).get("redelivered"):
+        # "The first worker died": take its lock over.
+        store.set(key, token, px=LOCK_TTL_MS)
+        step(self, request_id, "lock_taken_over")
+    elif not store.set(key, token, px=LOCK_TTL_MS, nx=True):
+        step(self, request_id, "lock_busy")
+        raise self.retry(countdown=1)
+    try:
+        run_fenced(self, request_id, input)
+    finally:
+        store.eval(RELEASE, 1, key, token)

@@ -13,7 +13,8 @@
 //! those faults makes the same race.
 
 use super::{Analysis, Cause};
-use crate::schedule::system::{SystemCase, SystemFault, SystemOutcome, replay_command};
+use crate::contract::layout::KeyLayout;
+use crate::schedule::system::{Goal, SystemCase, SystemFault, SystemOutcome, replay_command};
 use crate::system::Framework;
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -25,16 +26,27 @@ const DUPLICATE: &[&str] = &["at-most-one-final-write"];
 const SKEW: &[&str] = &["at-most-one-final-write", "result-names-its-version"];
 /// A job that never finishes.
 const LOST: &[&str] = &["no-lost-job"];
+/// Two attempts holding one lock (seen on the wire, `[keys] lease`), or both writing.
+const LEASE: &[&str] = &["lease-discipline", "at-most-one-final-write"];
 
-/// The faults of `framework` that can re-create `cause`, and the system invariants whose breach
-/// shows it; or why none can.
+/// The faults of `framework` that can re-create `cause` on a system whose own keys are `keys`,
+/// and the system invariants whose breach shows it; or why none can.
 pub fn faults_for(
     cause: Cause,
     framework: Framework,
+    keys: &KeyLayout,
 ) -> Result<(Vec<SystemFault>, &'static [&'static str]), &'static str> {
     use Cause::*;
     use SystemFault::*;
     match (framework, cause) {
+        // A lease that ran out while its attempt still ran: a redelivery during a long call
+        // makes a second attempt meet the first one's lock, judged on the wire.
+        (Framework::Celery, LeaseTtlTooShort) if keys.lease.is_some() => {
+            Ok((vec![VisibilityOutlived, ForcedRestore], LEASE))
+        }
+        (Framework::Apalis, LeaseTtlTooShort) if keys.lease.is_some() => {
+            Ok((vec![HeartbeatMiss], LEASE))
+        }
         // A redelivery while the first attempt runs: the message outlived the visibility timeout
         // (for real, forced through kombu's own sweep, or while it waited in a prefetch).
         (Framework::Celery, VisibilityTimeoutTooShort) => Ok((
@@ -78,10 +90,13 @@ pub fn faults_for(
             "a `custom` system has no redelivery racecert can force (no framework preset): only kill-main applies, which re-creates a lost job, not a second attempt",
         ),
         (_, CrossVersionCache | UnversionedCacheKey | CacheHitBeforeInvalidation) => Err(
-            "a cache race: the system runner does not fault the team's own cache yet (`[keys] cache` is read, not checked); `racecert replay LOG` without --system re-creates it on racecert's reference worker",
+            "a cache race needs a version cutover between two requests sharing a cache entry, and the system runner has no cutover fault yet (`[keys] cache` judges the cache reads and writes its cases make); `racecert replay LOG` without --system re-creates it on racecert's reference worker",
+        ),
+        (Framework::Custom, LeaseTtlTooShort) => Err(
+            "a lease race needs a second attempt while the first still runs, and a `custom` system has no redelivery racecert can force; `racecert replay LOG` without --system re-creates it on racecert's reference worker",
         ),
         (_, LeaseTtlTooShort) => Err(
-            "a lease race: the system runner does not fault the team's own lease yet (`[keys] lease` is read, not checked); `racecert replay LOG` without --system re-creates it on racecert's reference worker",
+            "a lease race is judged on the wire from the worker's own lock keys: name them in the system file (`[keys] lease = \"lock:{key}\"`); `racecert replay LOG` without --system re-creates it on racecert's reference worker",
         ),
         (_, NewJobIdPerRetry) => Err(
             "a retry under a new job id is made by the submitter: racecert submits each request once, through the framework",
@@ -91,18 +106,37 @@ pub fn faults_for(
 
 /// The faults to run for an analysis: every fault some diagnosis maps to, once, in the order the
 /// diagnoses first need them.
-pub fn faults_to_run(analysis: &Analysis, framework: Framework) -> Vec<SystemFault> {
+pub fn faults_to_run(
+    analysis: &Analysis,
+    framework: Framework,
+    keys: &KeyLayout,
+) -> Vec<SystemFault> {
     let mut faults = Vec::new();
-    for finding in &analysis.findings {
-        if let Ok((mapped, _)) = faults_for(finding.cause, framework) {
-            for fault in mapped {
-                if !faults.contains(&fault) {
-                    faults.push(fault);
-                }
+    for (mapped, _) in goals(analysis, framework, keys)
+        .into_iter()
+        .map(|g| (g.faults, g.breaks))
+    {
+        for fault in mapped {
+            if !faults.contains(&fault) {
+                faults.push(fault);
             }
         }
     }
     faults
+}
+
+/// What the replay looks for, one goal per diagnosis a fault can re-create: the run skips a
+/// fault once every diagnosis it could re-create has been reproduced.
+pub fn goals(analysis: &Analysis, framework: Framework, keys: &KeyLayout) -> Vec<Goal> {
+    analysis
+        .findings
+        .iter()
+        .filter_map(|finding| faults_for(finding.cause, framework, keys).ok())
+        .map(|(faults, breaks)| Goal {
+            faults,
+            breaks: breaks.iter().map(|b| (*b).to_owned()).collect(),
+        })
+        .collect()
 }
 
 /// How a diagnosis came out on the team's worker.
@@ -194,6 +228,7 @@ impl SystemReplay {
         file: &Path,
         system: &str,
         framework: Framework,
+        keys: &KeyLayout,
         outcome: Option<SystemOutcome>,
     ) -> SystemReplay {
         let cases: &[SystemCase] = outcome.as_ref().map_or(&[], |o| &o.cases);
@@ -202,7 +237,7 @@ impl SystemReplay {
             .findings
             .iter()
             .map(|finding| {
-                let verdict = match faults_for(finding.cause, framework) {
+                let verdict = match faults_for(finding.cause, framework, keys) {
                     Err(reason) => SystemVerdict::NotReproducible {
                         reason: reason.to_owned(),
                     },
@@ -416,31 +451,44 @@ mod tests {
     fn every_cause_has_a_fault_of_its_framework_or_a_reason() {
         for framework in [Framework::Celery, Framework::Apalis, Framework::Custom] {
             for cause in Cause::ALL {
-                match faults_for(cause, framework) {
-                    Ok((faults, breaks)) => {
-                        assert!(!faults.is_empty() && !breaks.is_empty(), "{cause}");
-                        for fault in faults {
-                            assert!(
-                                fault.applies_to(framework),
-                                "{fault} is not a fault of {framework:?} ({cause})"
-                            );
+                for keys in [KeyLayout::default(), KeyLayout::contract("")] {
+                    match faults_for(cause, framework, &keys) {
+                        Ok((faults, breaks)) => {
+                            assert!(!faults.is_empty() && !breaks.is_empty(), "{cause}");
+                            for fault in faults {
+                                assert!(
+                                    fault.applies_to(framework),
+                                    "{fault} is not a fault of {framework:?} ({cause})"
+                                );
+                            }
                         }
+                        Err(reason) => assert!(reason.len() > 20, "{cause}: {reason}"),
                     }
-                    Err(reason) => assert!(reason.len() > 20, "{cause}: {reason}"),
                 }
             }
         }
+        let none = KeyLayout::default();
         // A Celery redelivery is re-created by the redelivery faults, a crash by the kills.
-        let (faults, _) = faults_for(Cause::VisibilityTimeoutTooShort, Framework::Celery).unwrap();
+        let (faults, _) =
+            faults_for(Cause::VisibilityTimeoutTooShort, Framework::Celery, &none).unwrap();
         assert!(faults.contains(&SystemFault::ForcedRestore));
-        let (faults, breaks) = faults_for(Cause::LostJob, Framework::Celery).unwrap();
+        let (faults, breaks) = faults_for(Cause::LostJob, Framework::Celery, &none).unwrap();
         assert!(faults.contains(&SystemFault::KillPoolChild) && breaks == ["no-lost-job"]);
+        // A lease race needs the worker's lock keys, to be judged on the wire.
+        let reason = faults_for(Cause::LeaseTtlTooShort, Framework::Celery, &none).unwrap_err();
+        assert!(reason.contains("[keys] lease"), "{reason}");
+        let locks = KeyLayout {
+            lease: Some("lock:{key}".into()),
+            cache: None,
+        };
+        let (_, breaks) = faults_for(Cause::LeaseTtlTooShort, Framework::Apalis, &locks).unwrap();
+        assert!(breaks.contains(&"lease-discipline"));
     }
 
     #[test]
     fn the_seed_log_maps_to_celery_faults_once_each() {
         let analysis = super::super::analyse(super::super::seed_log().as_bytes(), None);
-        let faults = faults_to_run(&analysis, Framework::Celery);
+        let faults = faults_to_run(&analysis, Framework::Celery, &KeyLayout::default());
         assert!(!faults.is_empty());
         let unique: std::collections::BTreeSet<_> = faults.iter().collect();
         assert_eq!(unique.len(), faults.len(), "{faults:?}");
@@ -450,6 +498,7 @@ mod tests {
             Path::new("naive.toml"),
             "celery-naive",
             Framework::Celery,
+            &KeyLayout::default(),
             None,
         );
         assert!(replay.held());

@@ -19,12 +19,14 @@
 //!   restart under the same worker name.
 //! - every framework: SIGKILL of the worker mid-call and a restart.
 
+use crate::check::{self, Invariant};
 use crate::contract::output_version;
 use crate::env::TestBed;
 use crate::env::backends::{Behaviour, ModelBackend, ProgramGuard, release_all};
 use crate::env::links::{CaseLinks, WireEvent};
 use crate::env::python::Venv;
 use crate::env::wire::{PgRequest, Request};
+use crate::history::{Event, EventKind, History, Observation};
 use crate::system::preset::{
     APALIS_INSERT, CELERY_PREFETCH_ENV, audit_sql, celery_keys, celery_message, fault_prefetch,
 };
@@ -153,6 +155,39 @@ pub struct SystemSettings {
     pub stop_at_first_failure: bool,
     /// How long a worker may take to be ready.
     pub startup_deadline: Duration,
+    /// What the run is looking for (a replay's diagnoses): with goals, a case whose fault serves
+    /// only goals already met is skipped. Empty: every case runs.
+    pub goals: Vec<Goal>,
+}
+
+/// Something a run looks for: a case with one of `faults` that breaks one of `breaks`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Goal {
+    /// The faults that can meet it.
+    pub faults: Vec<SystemFault>,
+    /// The invariants whose breach meets it.
+    pub breaks: Vec<String>,
+}
+
+impl Goal {
+    /// Whether one of `cases` met it.
+    pub fn met(&self, cases: &[SystemCase]) -> bool {
+        cases.iter().any(|case| {
+            self.faults.contains(&case.fault)
+                && case
+                    .violations
+                    .iter()
+                    .any(|v| self.breaks.contains(&v.invariant))
+        })
+    }
+}
+
+/// Whether a case with `fault` can still meet a goal (always, without goals).
+fn still_needed(goals: &[Goal], fault: SystemFault, cases: &[SystemCase]) -> bool {
+    goals.is_empty()
+        || goals
+            .iter()
+            .any(|goal| goal.faults.contains(&fault) && !goal.met(cases))
 }
 
 impl SystemSettings {
@@ -166,6 +201,7 @@ impl SystemSettings {
             only_case: None,
             stop_at_first_failure: true,
             startup_deadline: Duration::from_secs(60),
+            goals: Vec::new(),
         }
     }
 }
@@ -188,7 +224,8 @@ pub struct Arrow {
 /// A broken invariant in one case.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SystemViolation {
-    /// `at-most-one-final-write`, `no-lost-job`, `result-names-its-version`.
+    /// `at-most-one-final-write`, `no-lost-job`, `result-names-its-version`, and with `[keys]`
+    /// the wire checks of the worker's own leases and cache (`lease-discipline`, ...).
     pub invariant: String,
     /// The request.
     pub request: String,
@@ -838,6 +875,9 @@ async fn run_with_backends(
             } else {
                 faults[(number as usize - 1) % faults.len()]
             };
+            if !still_needed(&settings.goals, fault, &cases) {
+                continue;
+            }
             let mut ctx = CaseCtx {
                 bed,
                 redis_db,
@@ -1792,6 +1832,34 @@ async fn judge(
             kind: "message".into(),
         });
     }
+    // The worker's own lock and cache round trips (`[keys]`), as its wire carried them.
+    let layout = system.keys.matcher();
+    let own_keys: Vec<Arrow> = ctx
+        .fleet
+        .wire
+        .lock()
+        .expect("poisoned")
+        .iter()
+        .filter(|(at, _)| *at >= ctx.t0)
+        .filter_map(|(at, event)| match &event.trip.request {
+            Request::Redis(command)
+                if command
+                    .keys
+                    .iter()
+                    .any(|k| layout.is_lease(k) || layout.cache_version(k).is_some()) =>
+            {
+                Some(Arrow {
+                    at_ms: at - ctx.t0,
+                    from: event.worker.clone(),
+                    to: "redis".into(),
+                    label: event.trip.describe(None),
+                    kind: "message".into(),
+                })
+            }
+            _ => None,
+        })
+        .collect();
+    ctx.arrows.extend(own_keys);
     let model_calls = ctx.request_calls().await;
 
     let mut violations = Vec::new();
@@ -1867,6 +1935,7 @@ async fn judge(
             }
         }
     }
+    violations.extend(wire_violations(ctx, &request));
     for v in &violations {
         ctx.note(
             "db",
@@ -1897,6 +1966,70 @@ async fn judge(
         model_calls,
         final_writes,
     })
+}
+
+/// What the wire says about the worker's own leases and cache, when the system names their keys
+/// (`[keys]`): the case's recorded round trips, with each worker's version, judged by the same
+/// wire checks as racecert's own workers. Backend calls are not judged here (compute waste needs
+/// the contract's request body to know the job).
+fn wire_violations(ctx: &CaseCtx<'_, '_>, request: &str) -> Vec<SystemViolation> {
+    let layout = &ctx.system.keys;
+    let mut invariants = Vec::new();
+    if layout.lease.is_some() {
+        invariants.push(Invariant::LeaseDiscipline);
+    }
+    if layout.cache.is_some() {
+        invariants.extend([
+            Invariant::NoCrossVersionCacheEntry,
+            Invariant::NoStaleCacheRead,
+        ]);
+    }
+    if invariants.is_empty() {
+        return Vec::new();
+    }
+    let started = ctx.fleet.workers.iter().map(|w| Event {
+        step: 0,
+        at_ms: 0,
+        kind: EventKind::Harness(Observation::WorkerStarted {
+            worker: w.id.clone(),
+            version: w.version.clone(),
+        }),
+    });
+    let trips: Vec<Event> = ctx
+        .fleet
+        .wire
+        .lock()
+        .expect("poisoned")
+        .iter()
+        .filter(|(at, _)| *at >= ctx.t0)
+        .map(|(at, event)| Event {
+            step: 0,
+            at_ms: (at - ctx.t0) as u64,
+            kind: EventKind::Wire(Box::new(event.clone())),
+        })
+        .collect();
+    let history = History {
+        events: started.chain(trips).collect(),
+        // Real clocks: a lease runs out by the TTL its SET gave it.
+        lease_ttl_ms: Some(0),
+        wire_recorded: true,
+        layout: layout.clone(),
+        ..History::default()
+    };
+    check::check(&history, &invariants)
+        .into_iter()
+        .map(|v| SystemViolation {
+            invariant: v.invariant.name().into(),
+            request: request.to_owned(),
+            observed: v.observed,
+            // A system case has no schedule steps: the proof's place is its time.
+            evidence: v
+                .evidence
+                .into_iter()
+                .map(|e| e.strip_prefix("step 0 ").map(str::to_owned).unwrap_or(e))
+                .collect(),
+        })
+        .collect()
 }
 
 /// A case's sequence diagram as text: one column per lane, one row per arrow, time on the left.
@@ -1955,6 +2088,55 @@ pub fn replay_command(file: &Path, seed: u64, number: u32, fault: SystemFault) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fault_is_skipped_once_every_goal_it_serves_is_met() {
+        let case = |fault, broke: &[&str]| SystemCase {
+            number: 1,
+            fault,
+            request: "r".into(),
+            writes: Vec::new(),
+            violations: broke
+                .iter()
+                .map(|i| SystemViolation {
+                    invariant: (*i).into(),
+                    request: "r".into(),
+                    observed: String::new(),
+                    evidence: Vec::new(),
+                })
+                .collect(),
+            diagram: Vec::new(),
+            lanes: Vec::new(),
+            elapsed_ms: 0,
+            model_calls: 1,
+            final_writes: 1,
+        };
+        let duplicate = Goal {
+            faults: vec![SystemFault::ForcedRestore, SystemFault::VisibilityOutlived],
+            breaks: vec!["at-most-one-final-write".into()],
+        };
+        let lost = Goal {
+            faults: vec![SystemFault::KillPoolChild, SystemFault::VisibilityOutlived],
+            breaks: vec!["no-lost-job".into()],
+        };
+        let goals = [duplicate, lost];
+        assert!(still_needed(&[], SystemFault::KillMain, &[]));
+        assert!(!still_needed(&goals, SystemFault::KillMain, &[]));
+        // A restore that broke something else met nothing.
+        let ran = [case(SystemFault::ForcedRestore, &["no-lost-job"])];
+        assert!(still_needed(&goals, SystemFault::VisibilityOutlived, &ran));
+        // Once it reproduced the duplicate, visibility-outlived still serves the lost job.
+        let ran = [case(
+            SystemFault::ForcedRestore,
+            &["at-most-one-final-write"],
+        )];
+        assert!(still_needed(&goals, SystemFault::VisibilityOutlived, &ran));
+        let ran = [
+            case(SystemFault::ForcedRestore, &["at-most-one-final-write"]),
+            case(SystemFault::KillPoolChild, &["no-lost-job"]),
+        ];
+        assert!(!still_needed(&goals, SystemFault::VisibilityOutlived, &ran));
+    }
 
     #[test]
     fn only_simple_commands_are_execed() {

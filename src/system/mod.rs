@@ -9,6 +9,7 @@
 
 pub mod preset;
 
+use crate::contract::layout::KeyLayout;
 use crate::env::backends::ModelApi;
 use crate::{Error, Result};
 use serde::Deserialize;
@@ -170,6 +171,9 @@ pub struct System {
     pub apalis: Option<ApalisOptions>,
     /// How long the worker waits for the model (its own setting).
     pub model_timeout: Duration,
+    /// The worker's own lease and cache keys in Redis (`[keys]`): with them, the wire checks
+    /// judge its locks and cache (lease-discipline, no-stale-cache-read, ...).
+    pub keys: KeyLayout,
     places: BTreeMap<String, Place>,
 }
 
@@ -226,6 +230,21 @@ impl System {
         note("framework", raw.framework.span());
         note("submit", raw.submit.span());
         note("model", raw.model.span());
+        let keys = match raw.keys {
+            Some(keys) => {
+                if let Some(lease) = &keys.lease {
+                    note("keys.lease", lease.span());
+                }
+                if let Some(cache) = &keys.cache {
+                    note("keys.cache", cache.span());
+                }
+                KeyLayout {
+                    lease: keys.lease.map(Spanned::into_inner),
+                    cache: keys.cache.map(Spanned::into_inner),
+                }
+            }
+            None => KeyLayout::default(),
+        };
         let submit = raw.submit.into_inner();
         let submit = match (submit.task, submit.command) {
             (Some(task), None) => Submit::Preset {
@@ -295,6 +314,7 @@ impl System {
             celery: raw.celery,
             apalis: raw.apalis,
             model_timeout: Duration::from_millis(raw.timeouts.map_or(30_000, |t| t.model_ms)),
+            keys,
             places,
         };
         system.validate()?;
@@ -384,6 +404,31 @@ impl System {
         }
         check_placeholders(&self.start.command, START_PLACEHOLDERS)
             .or_else(|bad| fail("start.command", bad))?;
+        for (field, pattern, needs) in [
+            ("keys.lease", &self.keys.lease, "key"),
+            ("keys.cache", &self.keys.cache, "version"),
+        ] {
+            let Some(pattern) = pattern else { continue };
+            check_placeholders(pattern, &["key", "version"]).or_else(|bad| fail(field, bad))?;
+            if placeholders(pattern)
+                .iter()
+                .filter(|p| **p == needs)
+                .count()
+                != 1
+            {
+                return fail(
+                    field,
+                    format!(
+                        "{pattern:?} must hold {{{needs}}} exactly once (e.g. {})",
+                        if needs == "key" {
+                            "\"lock:{key}\""
+                        } else {
+                            "\"cache:{version}:*\""
+                        }
+                    ),
+                );
+            }
+        }
         for (name, value) in &self.start.env {
             check_placeholders(value, START_PLACEHOLDERS)
                 .or_else(|bad| fail("start.command", format!("[start.env] {name}: {bad}")))?;
@@ -538,6 +583,7 @@ impl SystemBuilder {
                 celery: None,
                 apalis: None,
                 model_timeout: Duration::from_secs(30),
+                keys: KeyLayout::default(),
                 places: BTreeMap::new(),
             },
         }
@@ -635,6 +681,12 @@ impl SystemBuilder {
         self
     }
 
+    /// The worker's own lease and cache key patterns (`lock:{key}`, `cache:{version}:*`).
+    pub fn keys(mut self, keys: KeyLayout) -> Self {
+        self.system.keys = keys;
+        self
+    }
+
     /// The checked description.
     pub fn build(self) -> Result<System> {
         self.system.validate()?;
@@ -660,7 +712,6 @@ mod raw {
         pub results: Results,
         pub model: Spanned<Model>,
         #[serde(default)]
-        #[allow(dead_code)]
         pub keys: Option<Keys>,
         pub celery: Option<CeleryOptions>,
         pub apalis: Option<ApalisOptions>,
@@ -714,10 +765,8 @@ mod raw {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     pub(super) struct Keys {
-        #[allow(dead_code)]
-        pub lease: Option<String>,
-        #[allow(dead_code)]
-        pub cache: Option<String>,
+        pub lease: Option<Spanned<String>>,
+        pub cache: Option<Spanned<String>>,
     }
 
     #[derive(Deserialize)]
@@ -740,6 +789,7 @@ mod tests {
         for file in [
             "examples/celery-worker/naive.toml",
             "examples/celery-worker/fenced.toml",
+            "examples/celery-worker/locked.toml",
             "examples/apalis-worker/naive.toml",
             "examples/apalis-worker/fenced.toml",
         ] {
@@ -799,6 +849,26 @@ mod tests {
         let err = System::parse(&text, path).unwrap_err().to_string();
         assert!(err.contains("sys.toml:4:11"), "{err}");
         assert!(err.contains("unknown placeholder {worker}"), "{err}");
+
+        let results = "[results]\ntable = \"t\"\nkey = \"k\"\nstatus = \"s\"\nterminal = [\"A\"]\noutput = \"o\"";
+        let text = format!("{}[keys]\nlease = \"lock:{{id}}\"\n", celery_file(results));
+        let err = System::parse(&text, path).unwrap_err().to_string();
+        assert!(err.contains("sys.toml:20:9"), "{err}");
+        assert!(err.contains("unknown placeholder {id}"), "{err}");
+        let text = format!("{}[keys]\ncache = \"cache:*\"\n", celery_file(results));
+        let err = System::parse(&text, path).unwrap_err().to_string();
+        assert!(err.contains("sys.toml:20:9"), "{err}");
+        assert!(err.contains("must hold {version} exactly once"), "{err}");
+    }
+
+    #[test]
+    fn keys_reach_the_wire_checks_layout() {
+        let system = System::load(&example("examples/celery-worker/locked.toml")).unwrap();
+        let matcher = system.keys.matcher();
+        assert_eq!(matcher.lease_of("lock:req-1").as_deref(), Some("req-1"));
+        assert!(!matcher.has_cache());
+        let naive = System::load(&example("examples/celery-worker/naive.toml")).unwrap();
+        assert_eq!(naive.keys, KeyLayout::default());
     }
 
     #[test]

@@ -16,6 +16,8 @@ crate::tests!(
     apalis_naive_is_caught_by_missed_heartbeats_and_fenced_passes,
     celery_prefetch_restore_catches_naive_and_fenced_passes,
     celery_incident_log_replays_on_the_team_system,
+    celery_lock_takeover_is_caught_on_the_wire_by_its_lock_keys,
+    apalis_example_certifies_itself_from_its_own_cargo_test,
 );
 
 fn example(file: &str) -> PathBuf {
@@ -140,6 +142,43 @@ async fn celery_fenced_passes_every_celery_fault(bed: &TestBed) -> anyhow::Resul
     Ok(())
 }
 
+/// `[keys]`: the locked task keeps its table right (the epoch fence), so every check on the
+/// table passes; its lock does not hold, and only the recorded Redis round trips show it. A
+/// restored delivery takes the lock over with a `SET` without `NX` while the first attempt still
+/// runs: lease-discipline, with both workers' `SET`s as evidence.
+async fn celery_lock_takeover_is_caught_on_the_wire_by_its_lock_keys(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let system = System::load(&example("celery-worker/locked.toml"))?;
+    let outcome = run_system(bed, &system, &settings(&[SystemFault::ForcedRestore])).await?;
+    let text = summary(&outcome);
+    let case = outcome.cases.first().context_or(&text)?;
+    let broke: Vec<&str> = case
+        .violations
+        .iter()
+        .map(|v| v.invariant.as_str())
+        .collect();
+    anyhow::ensure!(
+        broke == ["lease-discipline"] && case.final_writes == 1 && case.model_calls == 2,
+        "the restored delivery ran (two model calls), the fence kept one final write, and the \
+         lock takeover is the one violation:\n{text}"
+    );
+    let violation = &case.violations[0];
+    let lock = format!("lock:{}", case.request);
+    anyhow::ensure!(
+        violation.observed.contains("overwrote the live lease")
+            && violation.observed.contains(&lock)
+            && violation.evidence.len() == 2
+            && violation
+                .evidence
+                .iter()
+                .all(|e| e.starts_with("wire worker-") && e.contains("SET") && e.contains(&lock)),
+        "the evidence is the two SETs on the wire, the holder's and the overwriting one:\n{:#?}",
+        violation
+    );
+    Ok(())
+}
+
 async fn system_files_that_cannot_work_fail_naming_the_place(bed: &TestBed) -> anyhow::Result<()> {
     let path = example("celery-worker/naive.toml");
     let text = std::fs::read_to_string(&path)?;
@@ -239,6 +278,54 @@ async fn apalis_naive_is_caught_by_missed_heartbeats_and_fenced_passes(
     anyhow::ensure!(
         outcome.passed() && outcome.cases.len() == 2 && outcome.cases[0].model_calls == 2,
         "fenced: passes, the requeued job ran twice and wrote once:\n{text}"
+    );
+    Ok(())
+}
+
+/// The apalis example's own `cargo test` (racecert as its dev-dependency, the system described
+/// with the builder, a test bed of its own): its naive handler is caught, its fenced one
+/// certified. Run as a team runs it, in the example's directory with none of this test's cargo
+/// variables (they would make its build start over, or build into racecert's target).
+async fn apalis_example_certifies_itself_from_its_own_cargo_test(
+    _bed: &TestBed,
+) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    let output = tokio::process::Command::new("cargo")
+        .args(["test", "--locked", "--test", "certify"])
+        .current_dir(example("apalis-worker"))
+        .env_clear()
+        .envs(std::env::vars().filter(|(k, _)| {
+            matches!(
+                k.as_str(),
+                "PATH"
+                    | "HOME"
+                    | "LANG"
+                    | "CARGO_HOME"
+                    | "RUSTUP_HOME"
+                    | "TMPDIR"
+                    | "XDG_CACHE_HOME"
+                    | "DOCKER_HOST"
+            ) || k.starts_with("RACECERT_")
+        }))
+        .kill_on_drop(true)
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let tail: String = {
+        let lines: Vec<&str> = stderr.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    };
+    eprintln!(
+        "apalis example's cargo test: {:?} (build included)",
+        started.elapsed()
+    );
+    anyhow::ensure!(
+        output.status.success()
+            && stdout.contains("test naive_handler_is_caught ... ok")
+            && stdout.contains("test fenced_handler_is_certified ... ok"),
+        "cargo test in examples/apalis-worker: {}\n{stdout}\n{tail}",
+        output.status
     );
     Ok(())
 }
