@@ -481,6 +481,35 @@ fn a_celery_worker_log_shows_the_visibility_timeout_double_execution() {
     );
 }
 
+/// An apalis worker's own output (tracing's fmt lines behind `docker compose logs` prefixes):
+/// the naive example caught by missed heartbeats. apalis' "Re-enqueued N orphaned tasks" and its
+/// schema notices are no attempts; the handler's lines are; and the system replay runs apalis'
+/// heartbeat fault for them.
+#[test]
+fn an_apalis_worker_log_shows_the_requeue_after_missed_heartbeats() {
+    let analysis = expect(
+        fixture!("apalis-heartbeat.tracing.log"),
+        &[
+            (Cause::MultipleWorkers, "rs8383x0c1-req", &[11, 14]),
+            (Cause::LateWrite, "rs8383x0c1-req", &[16, 18]),
+            (Cause::VersionSkew, "rs8383x0c1-req", &[11, 14]),
+            (Cause::RetryWhileRunning, "rs8383x0c1-req", &[11, 14]),
+            (Cause::MultipleFinalWrites, "rs8383x0c1-req", &[16, 18]),
+            (
+                Cause::VisibilityTimeoutTooShort,
+                "rs8383x0c1-req",
+                &[11, 14, 18],
+            ),
+        ],
+    );
+    assert!(analysis.malformed.is_empty(), "{}", analysis.text());
+    let keys = crate::contract::layout::KeyLayout::default();
+    assert_eq!(
+        system::faults_to_run(&analysis, crate::system::Framework::Apalis, &keys),
+        vec![crate::schedule::system::SystemFault::HeartbeatMiss]
+    );
+}
+
 #[test]
 fn a_merged_celery_log_names_workers_by_prefix_and_shows_the_restore_sweep() {
     let log = "\

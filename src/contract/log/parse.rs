@@ -659,6 +659,10 @@ impl Reader {
             Err(_) if self.python.contains(stream) && !looks_like_a_record(body) => {
                 return Ok(Read::Skip);
             }
+            // A framework's own free-text record (`TIMESTAMP LEVEL message`, as tracing's and
+            // logging's default formats write "Worker w-1 started"): well formed, about nothing
+            // a request did.
+            Err(_) if free_text_record(body) => return Ok(Read::Skip),
             Err(err) => return Err(err),
         };
         raw.worker = source.map(str::to_owned);
@@ -814,6 +818,18 @@ fn split_source(text: &str) -> (Option<&str>, &str) {
 }
 
 /// Whether a line starts like a log record (a JSON object, a timestamp, a Celery bracket).
+/// A timestamp (one word, or a date and a time), a level, then words: a record with a message
+/// and no fields.
+fn free_text_record(body: &str) -> bool {
+    let words: Vec<&str> = body.split_whitespace().take(4).collect();
+    let level_at = match words.as_slice() {
+        [first, ..] if read_timestamp(first).is_some() => 1,
+        [date, time, ..] if read_timestamp(&format!("{date} {time}")).is_some() => 2,
+        _ => return false,
+    };
+    words.len() > level_at + 1 && level_of(words[level_at]).is_some()
+}
+
 fn looks_like_a_record(body: &str) -> bool {
     let bytes = body.as_bytes();
     match bytes.first() {

@@ -348,6 +348,19 @@ fn a_celery_log_through_a_json_formatter() {
 }
 
 #[test]
+fn a_frameworks_free_text_records_are_unrelated_not_malformed() {
+    // tracing's default format (apalis), Python logging's: a timestamp, a level, a message.
+    let input = b"2026-11-30T03:02:11.909673Z  INFO Worker worker-a started\n\
+2026-11-30 03:02:18,317 WARNING Re-enqueued 1 orphaned tasks\n\
+2026-11-30T03:02:12Z INFO request_id=r status=job_received\n\
+2026-11-30T03:02:12Z no level, free text\n";
+    let parsed = parse(input);
+    assert_eq!((parsed.lines.len(), parsed.unrelated), (1, 2));
+    let numbers: Vec<usize> = parsed.malformed.iter().map(|m| m.line_no).collect();
+    assert_eq!(numbers, vec![4]);
+}
+
+#[test]
 fn garbage_is_counted_with_line_numbers() {
     let mut input = b"2026 INFO request_id=r status=cache_miss\n\xff\xfe\x00binary\n".to_vec();
     input.extend(vec![b'a'; MAX_LINE + 1]);
