@@ -117,16 +117,125 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// CPU time this process used so far (user + system, from /proc: 100 ticks a second).
+fn cpu_self() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command's closing parenthesis: state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
+    let fields: Vec<u64> = rest
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    let ticks = fields.get(11).copied().unwrap_or(0) + fields.get(12).copied().unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
+/// CPU time each running container used so far, by name (cgroup v1 `cpuacct.usage`, or v2
+/// `cpu.stat`); empty where neither is readable.
+fn cpu_containers() -> Vec<(String, Duration)> {
+    let Ok(out) = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "--no-trunc",
+            "--format",
+            "{{.ID}} {{.Label \"racecert.service\"}}",
+        ])
+        .output()
+    else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let (id, name) = line.split_once(' ')?;
+            let v1 = format!("/sys/fs/cgroup/cpuacct/docker/{id}/cpuacct.usage");
+            let v2 = format!("/sys/fs/cgroup/system.slice/docker-{id}.scope/cpu.stat");
+            let nanos = match std::fs::read_to_string(v1) {
+                Ok(text) => text.trim().parse::<u64>().ok()?,
+                Err(_) => {
+                    let text = std::fs::read_to_string(v2).ok()?;
+                    let usec = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("usage_usec "))?
+                        .trim()
+                        .parse::<u64>()
+                        .ok()?;
+                    usec * 1000
+                }
+            };
+            Some((name.to_owned(), Duration::from_nanos(nanos)))
+        })
+        .collect()
+}
+
+/// Postgres sessions (connections) opened so far in the bed's database.
+fn pg_sessions(rt: &Runtime, bed: &TestBed) -> i64 {
+    rt.block_on(async {
+        let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&bed.database_url())
+            .await
+            .ok()?;
+        sqlx::query_scalar::<_, i64>(
+            "SELECT sessions FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .ok()
+    })
+    .unwrap_or(-1)
+}
+
+/// Where one suite's cases spent CPU: this process, each container, and Postgres sessions.
+fn costs(
+    cases: u32,
+    self_before: Duration,
+    containers_before: &[(String, Duration)],
+    sessions_before: i64,
+    rt: &Runtime,
+    bed: &TestBed,
+) -> String {
+    let per_case = |d: Duration| d.as_secs_f64() * 1e3 / f64::from(cases.max(1));
+    let mut parts = vec![format!(
+        "racecert {:.1}",
+        per_case(cpu_self().saturating_sub(self_before))
+    )];
+    for (name, now) in cpu_containers() {
+        if let Some((_, before)) = containers_before.iter().find(|(n, _)| *n == name) {
+            parts.push(format!(
+                "{name} {:.1}",
+                per_case(now.saturating_sub(*before))
+            ));
+        }
+    }
+    let sessions = pg_sessions(rt, bed) - sessions_before - 1;
+    format!(
+        "CPU ms a case: {}; postgres sessions a case {:.2}",
+        parts.join(", "),
+        sessions as f64 / f64::from(cases.max(1))
+    )
+}
+
 fn throughput(rt: &Runtime, bed: &TestBed, floor: Option<f64>) -> anyhow::Result<()> {
-    let concurrency = ExploreConfig::default().concurrency;
+    // RACECERT_BENCH_CONCURRENCY and RACECERT_BENCH_SUITES (comma-separated names) narrow the
+    // section for an investigation; by default every suite at the default concurrency.
+    let concurrency = std::env::var("RACECERT_BENCH_CONCURRENCY")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(ExploreConfig::default().concurrency);
+    let only: Option<Vec<String>> = std::env::var("RACECERT_BENCH_SUITES")
+        .ok()
+        .map(|s| s.split(',').map(|n| n.trim().to_owned()).collect());
     println!(
-        "\n## 2. Cases per second through `explore` ({THROUGHPUT_CASES} cases, seed 0, x{concurrency}); ratio = suite / floor"
+        "\n## 2. Cases per second through `explore` ({THROUGHPUT_CASES} cases, seed 0, x{concurrency}); ratio = suite / floor; CPU per case by process"
     );
     println!(
         "{:<24} {:>9} {:>7} {:>8} {:>7}",
         "suite", "cases/s", "cases", "seconds", "ratio"
     );
-    let mut names: Vec<String> = builtin().into_iter().map(|s| s.name).collect();
+    let mut names: Vec<String> = builtin()
+        .into_iter()
+        .map(|s| s.name)
+        .filter(|n| only.as_ref().is_none_or(|o| o.contains(n)))
+        .collect();
     names.sort();
     for name in names {
         let suite = suite(&name)?;
@@ -134,9 +243,20 @@ fn throughput(rt: &Runtime, bed: &TestBed, floor: Option<f64>) -> anyhow::Result
         let config = ExploreConfig {
             cases: THROUGHPUT_CASES,
             seed: 0,
+            concurrency,
             ..ExploreConfig::default()
         };
+        let (self_before, containers_before, sessions_before) =
+            (cpu_self(), cpu_containers(), pg_sessions(rt, bed));
         let report = explore(rt.handle(), &controller, &suite.space, &config)?;
+        let spent = costs(
+            report.cases_run,
+            self_before,
+            &containers_before,
+            sessions_before,
+            rt,
+            bed,
+        );
         let secs = report.elapsed.as_secs_f64();
         let rate = f64::from(report.cases_run) / secs;
         let ratio = floor.map_or("-".to_owned(), |f| format!("{:.2}", rate / f));
@@ -146,8 +266,8 @@ fn throughput(rt: &Runtime, bed: &TestBed, floor: Option<f64>) -> anyhow::Result
             ""
         };
         println!(
-            "{name:<24} {rate:>9.1} {:>7} {secs:>8.2} {ratio:>7}{verdict}",
-            report.cases_run
+            "{name:<24} {rate:>9.1} {:>7} {secs:>8.2} {ratio:>7}{verdict}\n{:<24} {spent}",
+            report.cases_run, ""
         );
     }
     Ok(())

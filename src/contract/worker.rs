@@ -107,11 +107,13 @@ impl Infra {
         acquire_timeout: Duration,
     ) -> Result<Infra> {
         let client = redis::Client::open(redis_url)?;
-        // Short timeouts, few retries: see `connect`.
+        // Short timeouts, no retry loop: see `connect`. A reconnect that fails (the link is cut)
+        // fails at once and the next command tries again; with retries, the manager slept up to
+        // 200 ms between attempts, and a heal found it asleep (every partition's drain waited).
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(1)))
             .set_response_timeout(Some(Duration::from_secs(5)))
-            .set_number_of_retries(1);
+            .set_number_of_retries(0);
         let redis = ConnectionManager::new_with_config(client, config).await?;
         // A worker runs one statement at a time: a small pool (every connection counts against
         // the server's max_connections, shared by every worker of every case).

@@ -786,7 +786,8 @@ where
     E: std::fmt::Display,
 {
     let started = Instant::now();
-    let mut backoff = Duration::from_millis(10);
+    // From 1 ms: a connection that answers again right after a heal is seen at once.
+    let mut backoff = Duration::from_millis(1);
     loop {
         match probe().await {
             Ok(value) => return Ok(value),

@@ -14,6 +14,7 @@ crate::tests!(
     disabled_postgres_proxy_fails_fast_and_enabling_it_restores_service,
     toxics_are_verified_and_errors_surface,
     reset_peer_toxic_resets_a_redis_connection_and_its_removal_heals_it,
+    a_request_caught_by_a_cut_is_reset_even_when_the_link_heals_before_the_reset,
 );
 
 fn infer_body(namespace: &str) -> InferRequest {
@@ -231,6 +232,40 @@ async fn reset_peer_toxic_resets_a_redis_connection_and_its_removal_heals_it(
     proxy
         .remove_toxic(&Toxic::ResetPeer { timeout_ms: 0 }.name(Direction::Upstream))
         .await?;
+    let mut healed = TcpStream::connect(proxy.listen()).await?;
+    anyhow::ensure!(ping(&mut healed).await? == b"+PONG\r\n");
+    Ok(())
+}
+
+/// A partition heals while a request it caught is still inside the reset toxic (here held 300 ms
+/// before the reset): the connection must still be reset. Before the fix the proxy rebuilt the
+/// connection without the toxic and without the request's bytes, which the toxic had swallowed,
+/// and the client waited for a reply until its own timeout: a worker's Redis reconnect that began
+/// just before a heal hung for its 1 s connection timeout, and full-rollout's drains with it.
+async fn a_request_caught_by_a_cut_is_reset_even_when_the_link_heals_before_the_reset(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let _shared = bed.shared().await;
+    let proxy = bed.dedicated_proxy(Target::Redis).await?;
+    let cut = Toxic::ResetPeer { timeout_ms: 300 };
+    proxy.add_toxic(cut, Direction::Upstream, 1.0).await?;
+    let mut caught = TcpStream::connect(proxy.listen()).await?;
+    caught.write_all(b"PING\r\n").await?;
+    // The toxic has the bytes (it swallows the first chunk, then waits 300 ms to reset).
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    proxy.remove_toxic(&cut.name(Direction::Upstream)).await?;
+    let started = Instant::now();
+    let mut reply = [0u8; 7];
+    let read = tokio::time::timeout(Duration::from_secs(3), caught.read(&mut reply)).await;
+    match read {
+        Ok(Err(err)) if err.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Ok(Ok(0)) => {}
+        other => anyhow::bail!(
+            "the caught request must end its connection, got {other:?} after {:?}",
+            started.elapsed()
+        ),
+    }
+    // The healed link serves new connections.
     let mut healed = TcpStream::connect(proxy.listen()).await?;
     anyhow::ensure!(ping(&mut healed).await? == b"+PONG\r\n");
     Ok(())

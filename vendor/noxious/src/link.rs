@@ -14,6 +14,7 @@ use futures::{Sink, Stream};
 use rand::{distributions::Standard, rngs::StdRng, Rng, SeedableRng};
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::{io, sync::Arc};
 use tokio::pin;
 use tokio::sync::{oneshot, Mutex as AsyncMutex};
@@ -28,6 +29,11 @@ pub(crate) struct Link {
     stop: Stop,
     stopper: Stopper,
     disband_receiver: Option<oneshot::Receiver<Ends>>,
+    /// racecert patch: set once a `reset_peer` toxic of this link fired. Its sockets then close
+    /// (with a RST) and are never handed back for a new toxic chain: the chunk the toxic
+    /// swallowed is gone, and a connection recreated without it would wait for a reply to bytes
+    /// the server never got (a client hung until its own timeout after a partition healed).
+    reset: Arc<AtomicBool>,
 }
 
 type Ends = (Read, Write);
@@ -47,6 +53,7 @@ impl Link {
             stop,
             stopper,
             disband_receiver: None,
+            reset: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -152,14 +159,23 @@ impl Link {
             toxic_state_holder.and_then(|holder| holder.get_state_for_toxic(toxic_name));
         let mut stop = stop.clone();
         let rand_seed = self.config.rand_seed;
+        let resets = matches!(runner.toxic_kind(), ToxicKind::ResetPeer { .. });
+        let reset = self.reset.clone();
         // Get the desired channel buffer capacity for the toxic (in number of chunks)
         // This is 1024 for the Latency toxic and 1 for others, similar
         // to the original Toxiproxy implementation.
         let (pipe_tx, pipe_rx) =
             futures_mpsc::channel::<Bytes>(runner.toxic_kind().chunk_buffer_capacity());
+        // A chunk that reaches a reset_peer toxic dooms the connection: the toxic swallows it and
+        // resets. Marked as it enters, so that a disband racing the reset still closes the link.
+        let input = prev_pipe_read_rx.inspect(move |_| {
+            if resets {
+                reset.store(true, Ordering::SeqCst);
+            }
+        });
         tokio::spawn(async move {
             let maybe_res = tokio::select! {
-                res = runner.run(prev_pipe_read_rx, pipe_tx, toxic_state, rand_seed) => Some(res),
+                res = runner.run(input, pipe_tx, toxic_state, rand_seed) => Some(res),
                 _ = stop.recv() => None,
             };
             if let Some(Err(err)) = maybe_res {
@@ -263,10 +279,15 @@ impl Link {
         disband_sender: oneshot::Sender<Ends>,
     ) -> JoinHandle<()> {
         let direction = self.direction;
+        let reset = self.reset.clone();
         tokio::spawn(async move {
             let result: Result<(io::Result<Read>, io::Result<Write>), tokio::task::JoinError> =
                 tokio::try_join!(close_read_join, close_write_join);
             match result {
+                Ok(_) if reset.load(Ordering::SeqCst) => {
+                    // racecert patch: the reset fired; dropping the ends closes them with a RST.
+                    debug!("{} link reset by its reset_peer toxic", direction);
+                }
                 Ok((read_res, write_res)) => {
                     if let Ok(reader) = read_res {
                         if let Ok(writer) = write_res {
@@ -288,11 +309,18 @@ impl Link {
     /// stream and the sink at the two ends.
     pub(super) async fn disband(self) -> io::Result<(Read, Write)> {
         self.stopper.stop();
+        let reset = self.reset.clone();
         let (reader, writer) = self
             .disband_receiver
             .expect("State error: Link already disbanded, or never established")
             .await
-            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "already closed?"))?;
+            .map_err(|_| {
+                if reset.load(Ordering::SeqCst) {
+                    io::Error::new(io::ErrorKind::ConnectionReset, "reset by reset_peer")
+                } else {
+                    io::Error::new(io::ErrorKind::BrokenPipe, "already closed?")
+                }
+            })?;
 
         Ok((reader, writer))
     }

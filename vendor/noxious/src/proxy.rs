@@ -485,7 +485,12 @@ async fn process_toxic_event(
         )
         .await
         {
-            error!(err = ?err, addr = ?addr, proxy = ?&config.name, "Failed to recreate links for client");
+            // racecert patch: a link its reset_peer toxic reset is closed, not recreated.
+            if err.kind() == io::ErrorKind::ConnectionReset {
+                debug!(addr = ?addr, proxy = ?&config.name, "Link was reset; not recreated");
+            } else {
+                error!(err = ?err, addr = ?addr, proxy = ?&config.name, "Failed to recreate links for client");
+            }
         }
     }
     let _ = responder.respond(Ok(()));
