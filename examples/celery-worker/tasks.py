@@ -148,9 +148,7 @@ def infer_naive(self, request_id, input):
 # (Celery's default acks it: the job is lost). autoretry_for: a database outage fails the task,
 # which Celery would ack, leaving the row RUNNING forever; a retry (a new message, retries + 1)
 # finishes it once the database is back. Running it again is safe because of the fence.
-@app.task(
-    bind=True,
-    name="tasks.infer_fenced",
+RERUN_SAFELY = dict(
     reject_on_worker_lost=True,
     autoretry_for=(psycopg.OperationalError,),
     retry_backoff=1,
@@ -158,6 +156,9 @@ def infer_naive(self, request_id, input):
     retry_jitter=False,
     max_retries=20,
 )
+
+
+@app.task(bind=True, name="tasks.infer_fenced", **RERUN_SAFELY)
 def infer_fenced(self, request_id, input):
     """Take an epoch before the model call; write only while that epoch is still the row's."""
     received(self, request_id)
@@ -219,16 +220,7 @@ def lock_store():
 RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
 
 
-@app.task(
-    bind=True,
-    name="tasks.infer_locked",
-    reject_on_worker_lost=True,
-    autoretry_for=(psycopg.OperationalError,),
-    retry_backoff=1,
-    retry_backoff_max=4,
-    retry_jitter=False,
-    max_retries=20,
-)
+@app.task(bind=True, name="tasks.infer_locked", **RERUN_SAFELY)
 def infer_locked(self, request_id, input):
     """The fenced task behind a per-request lock (``lock:{request_id}``, ``SET NX PX``) that saves
     duplicate model calls, released by compare-and-delete.

@@ -1834,13 +1834,8 @@ async fn judge(
     }
     // The worker's own lock and cache round trips (`[keys]`), as its wire carried them.
     let layout = system.keys.matcher();
-    let own_keys: Vec<Arrow> = ctx
-        .fleet
-        .wire
-        .lock()
-        .expect("poisoned")
+    let own_keys: Vec<Arrow> = case_trips(ctx)
         .iter()
-        .filter(|(at, _)| *at >= ctx.t0)
         .filter_map(|(at, event)| match &event.trip.request {
             Request::Redis(command)
                 if command
@@ -1968,6 +1963,18 @@ async fn judge(
     })
 }
 
+/// The round trips the workers sent since the case began, with their times.
+fn case_trips(ctx: &CaseCtx<'_, '_>) -> Vec<(i64, WireEvent)> {
+    ctx.fleet
+        .wire
+        .lock()
+        .expect("poisoned")
+        .iter()
+        .filter(|(at, _)| *at >= ctx.t0)
+        .cloned()
+        .collect()
+}
+
 /// What the wire says about the worker's own leases and cache, when the system names their keys
 /// (`[keys]`): the case's recorded round trips, with each worker's version, judged by the same
 /// wire checks as racecert's own workers. Backend calls are not judged here (compute waste needs
@@ -1995,17 +2002,12 @@ fn wire_violations(ctx: &CaseCtx<'_, '_>, request: &str) -> Vec<SystemViolation>
             version: w.version.clone(),
         }),
     });
-    let trips: Vec<Event> = ctx
-        .fleet
-        .wire
-        .lock()
-        .expect("poisoned")
-        .iter()
-        .filter(|(at, _)| *at >= ctx.t0)
+    let trips: Vec<Event> = case_trips(ctx)
+        .into_iter()
         .map(|(at, event)| Event {
             step: 0,
             at_ms: (at - ctx.t0) as u64,
-            kind: EventKind::Wire(Box::new(event.clone())),
+            kind: EventKind::Wire(Box::new(event)),
         })
         .collect();
     let history = History {
