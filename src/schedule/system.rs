@@ -824,7 +824,7 @@ async fn run_with_backends(
         if !output.status.success() {
             return Err(Error::Config(format!(
                 "{}: setup `{setup}` failed ({}):\n{}",
-                system.place("start.command"),
+                system.place("start.setup"),
                 output.status,
                 tail(&String::from_utf8_lossy(&output.stderr), 20)
             )));

@@ -219,6 +219,9 @@ impl System {
             places.insert(name.to_owned(), at(span));
         };
         note("start.command", raw.start.command.span());
+        if let Some(setup) = &raw.start.setup {
+            note("start.setup", setup.span());
+        }
         note("results.table", raw.results.table.span());
         note("results.key", raw.results.key.span());
         note("results.status", raw.results.status.span());
@@ -293,7 +296,7 @@ impl System {
             start: Start {
                 command: raw.start.command.into_inner(),
                 requirements: raw.start.requirements.map(|r| dir.join(r)),
-                setup: raw.start.setup,
+                setup: raw.start.setup.map(Spanned::into_inner),
                 ready: raw.start.ready,
                 env: raw.start.env,
                 workdir,
@@ -724,7 +727,7 @@ mod raw {
         pub command: Spanned<String>,
         pub workdir: Option<String>,
         pub requirements: Option<String>,
-        pub setup: Option<String>,
+        pub setup: Option<Spanned<String>>,
         pub ready: Option<String>,
         #[serde(default)]
         pub env: BTreeMap<String, String>,
@@ -797,6 +800,9 @@ mod tests {
             assert_eq!(system.versions.len(), 2, "{file}");
             assert!(system.results.terminal.contains(&"SUCCEEDED".to_owned()));
         }
+        let apalis = System::load(&example("examples/apalis-worker/naive.toml")).unwrap();
+        assert_eq!(apalis.start.setup.as_deref(), Some("cargo build --locked"));
+        assert!(apalis.place("start.setup").ends_with("naive.toml:8:9"));
         let celery = System::load(&example("examples/celery-worker/naive.toml")).unwrap();
         assert_eq!(celery.framework, Framework::Celery);
         assert_eq!(celery.model, ModelApi::OpenaiCompletions);

@@ -13,11 +13,10 @@ crate::tests!(
     celery_naive_is_caught_by_restores_and_a_pool_child_kill,
     celery_fenced_passes_every_celery_fault,
     system_files_that_cannot_work_fail_naming_the_place,
-    apalis_naive_is_caught_by_missed_heartbeats_and_fenced_passes,
     celery_prefetch_restore_catches_naive_and_fenced_passes,
     celery_incident_log_replays_on_the_team_system,
     celery_lock_takeover_is_caught_on_the_wire_by_its_lock_keys,
-    apalis_example_certifies_itself_from_its_own_cargo_test,
+    apalis_example_certifies_itself_from_its_own_cargo_test_and_its_files,
 );
 
 fn example(file: &str) -> PathBuf {
@@ -224,6 +223,25 @@ async fn system_files_that_cannot_work_fail_naming_the_place(bed: &TestBed) -> a
         "{err}"
     );
 
+    // A setup (a build) that fails: its own line, its status and stderr, before any worker.
+    let system = System::parse(
+        &text.replace(
+            command_line,
+            &format!("{command_line}\nsetup = \"echo no toolchain here >&2; exit 4\""),
+        ),
+        &path,
+    )?;
+    let err = run_system(bed, &system, &quick)
+        .await
+        .unwrap_err()
+        .to_string();
+    anyhow::ensure!(
+        err.contains("naive.toml:11:9")
+            && err.contains("exit status: 4")
+            && err.contains("no toolchain here"),
+        "{err}"
+    );
+
     // A worker that says it is ready and never consumes: where the request is.
     let system = System::parse(
         &text.replace(
@@ -244,50 +262,23 @@ async fn system_files_that_cannot_work_fail_naming_the_place(bed: &TestBed) -> a
     Ok(())
 }
 
-/// apalis: a worker stopped mid-call past its heartbeat deadline has its job requeued and run by
-/// the other worker; when it resumes, the naive handler writes too. A crash followed by a restart
-/// under the same worker name strands the job (the new process heartbeats for the old one's
-/// name). The fenced handler (epoch fence, a name per process) passes both. The example builds
-/// itself through the file's `setup` (its own Cargo.lock and target directory).
-async fn apalis_naive_is_caught_by_missed_heartbeats_and_fenced_passes(
+/// The apalis example, both ways a team describes it.
+///
+/// First its own `cargo test` (racecert as its dev-dependency, the system described with the
+/// builder, a test bed of its own): its naive handler is caught, its fenced one certified. Run as
+/// a team runs it, in the example's directory with none of this test's cargo variables (they would
+/// make its build start over, or build into racecert's target).
+///
+/// Then its system files on this bed, the binary that build left in the example's target
+/// directory: a worker stopped mid-call past its heartbeat deadline has its job requeued and run
+/// by the other worker, and when it resumes the naive handler writes too; a crash followed by a
+/// restart under the same worker name strands the job (the new process heartbeats for the old
+/// one's name). The fenced handler (epoch fence, a name per process) passes both. The files'
+/// `setup` (`cargo build`) is left out here: it would build the same binary a second time, with
+/// other features (a dev-dependency unifies features in a test build), minutes for nothing;
+/// `system_files_that_cannot_work_fail_naming_the_place` covers `setup`.
+async fn apalis_example_certifies_itself_from_its_own_cargo_test_and_its_files(
     bed: &TestBed,
-) -> anyhow::Result<()> {
-    let faults = [SystemFault::HeartbeatMiss, SystemFault::KillMain];
-    let mut naive_settings = settings(&faults);
-    // The first start may build the example (setup is not counted, start-up is).
-    naive_settings.startup_deadline = Duration::from_secs(120);
-    let naive = System::load(&example("apalis-worker/naive.toml"))?;
-    let outcome = run_system(bed, &naive, &naive_settings).await?;
-    let text = summary(&outcome);
-    let invariants = |n: usize| -> Vec<&str> {
-        outcome.cases[n]
-            .violations
-            .iter()
-            .map(|v| v.invariant.as_str())
-            .collect()
-    };
-    anyhow::ensure!(
-        outcome.cases.len() == 2
-            && invariants(0) == ["at-most-one-final-write"]
-            && invariants(1) == ["no-lost-job"],
-        "naive: two final writes after missed heartbeats, a lost job after a same-name restart:\n{text}"
-    );
-    let fenced = System::load(&example("apalis-worker/fenced.toml"))?;
-    let outcome = run_system(bed, &fenced, &naive_settings).await?;
-    let text = summary(&outcome);
-    anyhow::ensure!(
-        outcome.passed() && outcome.cases.len() == 2 && outcome.cases[0].model_calls == 2,
-        "fenced: passes, the requeued job ran twice and wrote once:\n{text}"
-    );
-    Ok(())
-}
-
-/// The apalis example's own `cargo test` (racecert as its dev-dependency, the system described
-/// with the builder, a test bed of its own): its naive handler is caught, its fenced one
-/// certified. Run as a team runs it, in the example's directory with none of this test's cargo
-/// variables (they would make its build start over, or build into racecert's target).
-async fn apalis_example_certifies_itself_from_its_own_cargo_test(
-    _bed: &TestBed,
 ) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let output = tokio::process::Command::new("cargo")
@@ -326,6 +317,37 @@ async fn apalis_example_certifies_itself_from_its_own_cargo_test(
             && stdout.contains("test fenced_handler_is_certified ... ok"),
         "cargo test in examples/apalis-worker: {}\n{stdout}\n{tail}",
         output.status
+    );
+
+    let load = |file: &str| -> anyhow::Result<System> {
+        let mut system = System::load(&example(file))?;
+        anyhow::ensure!(system.start.setup.is_some(), "{file} builds the example");
+        system.start.setup = None;
+        Ok(system)
+    };
+    let faults = [SystemFault::HeartbeatMiss, SystemFault::KillMain];
+    let naive = load("apalis-worker/naive.toml")?;
+    let outcome = run_system(bed, &naive, &settings(&faults)).await?;
+    let text = summary(&outcome);
+    let invariants = |n: usize| -> Vec<&str> {
+        outcome.cases[n]
+            .violations
+            .iter()
+            .map(|v| v.invariant.as_str())
+            .collect()
+    };
+    anyhow::ensure!(
+        outcome.cases.len() == 2
+            && invariants(0) == ["at-most-one-final-write"]
+            && invariants(1) == ["no-lost-job"],
+        "naive: two final writes after missed heartbeats, a lost job after a same-name restart:\n{text}"
+    );
+    let fenced = load("apalis-worker/fenced.toml")?;
+    let outcome = run_system(bed, &fenced, &settings(&faults)).await?;
+    let text = summary(&outcome);
+    anyhow::ensure!(
+        outcome.passed() && outcome.cases.len() == 2 && outcome.cases[0].model_calls == 2,
+        "fenced: passes, the requeued job ran twice and wrote once:\n{text}"
     );
     Ok(())
 }
