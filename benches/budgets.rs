@@ -412,9 +412,16 @@ fn main() -> anyhow::Result<()> {
     let wanted = |section: &str| args.is_empty() || args.iter().any(|a| a == section);
     println!("racecert budgets benchmark (numbers only, no assertions)");
     let started = Instant::now();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    // RACECERT_BENCH_WORKER_THREADS: the runtime's worker threads (tokio's default: one a core),
+    // to see whether cross-thread wake-ups cost the cases anything.
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = std::env::var("RACECERT_BENCH_WORKER_THREADS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        builder.worker_threads(n);
+    }
+    let rt = builder.enable_all().build()?;
     let bed = rt.block_on(TestBed::builder().start())?;
     println!("test bed up in {:.2?}", bed.startup_time());
     let outcome = (|| -> anyhow::Result<()> {

@@ -81,8 +81,10 @@ pub const SHIPPED: [(&str, &str); 8] = [
 /// Where a defect of the reference worker is caught, and what it is known to break: the shipped
 /// suite whose faults reach it, and the invariants a counterexample must violate (a check that
 /// a defect is caught asserts these, not just "some violation"). For re-reading the active
-/// version, which mixes versions within a job, the minimal counterexample breaks one of two
-/// invariants depending on where the cutover lands: [`Catching::one_of`].
+/// version, which mixes versions within a job, the minimal counterexample breaks one of three
+/// invariants depending on where the cutover lands ([`Catching::one_of`]): a result that does
+/// not name its version, an output cached under another version's key, or, when the cutover
+/// comes before its cache read, a v1 worker served a v2 output from the v2 namespace.
 pub fn catching(defect: Defect) -> Catching {
     let (suite, all_of, one_of): (&'static str, &'static [Invariant], &'static [Invariant]) =
         match defect {
@@ -92,6 +94,7 @@ pub fn catching(defect: Defect) -> Catching {
                 &[
                     Invariant::ResultNamesItsVersion,
                     Invariant::NoCrossVersionCacheEntry,
+                    Invariant::NoStaleCacheRead,
                 ],
             ),
             other => {
