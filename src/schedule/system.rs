@@ -25,7 +25,7 @@ use crate::env::TestBed;
 use crate::env::backends::{Behaviour, ModelBackend, ProgramGuard, release_all};
 use crate::env::links::{CaseLinks, WireEvent};
 use crate::env::python::Venv;
-use crate::env::wire::{PgRequest, Request};
+use crate::env::wire::{PgRequest, Reply, Request, TxStatus};
 use crate::history::{Event, EventKind, History, Observation};
 use crate::system::preset::{
     APALIS_INSERT, CELERY_PREFETCH_ENV, audit_sql, celery_keys, celery_message, fault_prefetch,
@@ -1527,12 +1527,12 @@ async fn run_case(
             ctx.note(&taker_id, &taker_id, "restarted", "message");
         }
         SystemFault::HeartbeatMiss => {
-            ctx.fleet.workers[taker].signal_group(Signal::SIGSTOP);
+            let inside = stop_outside_transactions(ctx, taker).await;
             ctx.note(
                 &taker_id,
                 &taker_id,
                 format!(
-                    "SIGSTOP mid-call (heartbeat deadline {} ms)",
+                    "SIGSTOP mid-call, {inside} (heartbeat deadline {} ms)",
                     orphan.as_millis()
                 ),
                 "fault",
@@ -1574,6 +1574,77 @@ async fn run_case(
     release_all(slow_guards).await;
     drain(ctx, done_by, vt.max(orphan)).await?;
     judge(ctx, number, fault, request_id).await
+}
+
+/// Stops worker `index` (SIGSTOP) while it holds no PostgreSQL transaction open, as its recorded
+/// round trips say; returns how the stop landed, for the diagram.
+///
+/// Why: a framework may persist a task's state in a transaction of its own next to the task's
+/// start (apalis' lock event: `UPDATE apalis.jobs ... SET status = 'Running'` inside
+/// BEGIN/COMMIT, sent while the handler already runs). Stopped between the UPDATE and the COMMIT,
+/// the worker holds the job's row for the whole pause, and the other workers' requeue
+/// (`FOR UPDATE ... SKIP LOCKED`) passes the job over: the fault then tests nothing. On a loaded
+/// machine that window is wide enough to hit. A stop that lands inside a transaction (a reply
+/// recorded after the signal says so) is undone and tried again once it closed; bounded, after
+/// which the worker stays stopped and the diagram says where.
+async fn stop_outside_transactions(ctx: &mut CaseCtx<'_, '_>, index: usize) -> String {
+    const BOUND: Duration = Duration::from_secs(5);
+    // Replies already on their way are recorded within this, once the worker is stopped.
+    const SETTLE: Duration = Duration::from_millis(30);
+    let worker = ctx.fleet.workers[index].id.clone();
+    let started = Instant::now();
+    let mut retries = 0;
+    loop {
+        while in_transaction(&ctx.fleet.wire, &worker) && started.elapsed() < BOUND {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        ctx.fleet.workers[index].signal_group(Signal::SIGSTOP);
+        tokio::time::sleep(SETTLE).await;
+        let inside = in_transaction(&ctx.fleet.wire, &worker);
+        let waited = started.elapsed().saturating_sub(SETTLE * (retries + 1));
+        if !inside && waited < Duration::from_millis(5) {
+            return "outside any transaction of its own".to_owned();
+        }
+        if !inside {
+            return format!(
+                "outside any transaction of its own (waited {} ms for one to close, {retries} stop(s) undone)",
+                waited.as_millis()
+            );
+        }
+        if started.elapsed() >= BOUND {
+            return format!(
+                "inside a transaction it kept open for {} ms",
+                started.elapsed().as_millis()
+            );
+        }
+        ctx.fleet.workers[index].signal_group(Signal::SIGCONT);
+        retries += 1;
+    }
+}
+
+/// Whether `worker` holds a PostgreSQL transaction open: the last reply recorded on one of its
+/// connections reported a transaction block (ReadyForQuery `T` or `E`).
+fn in_transaction(wire: &Wire, worker: &str) -> bool {
+    let mut last: BTreeMap<u64, (u64, bool)> = BTreeMap::new();
+    for (_, event) in wire.lock().expect("poisoned").iter() {
+        if event.worker != worker || event.service != "postgres" {
+            continue;
+        }
+        let open = match &event.trip.reply {
+            Some(Reply::Postgres(reply)) => {
+                matches!(reply.tx, Some(TxStatus::Transaction | TxStatus::Failed))
+            }
+            // The connection ended before a reply: its transaction ended with it.
+            _ => false,
+        };
+        let entry = last
+            .entry(event.trip.conn)
+            .or_insert((event.trip.seq, open));
+        if event.trip.seq >= entry.0 {
+            *entry = (event.trip.seq, open);
+        }
+    }
+    last.values().any(|(_, open)| *open)
 }
 
 /// Puts the fleet in the shape case's fault needs. `prefetch-restore` runs the first worker with a
@@ -2138,6 +2209,64 @@ mod tests {
             case(SystemFault::KillPoolChild, &["no-lost-job"]),
         ];
         assert!(!still_needed(&goals, SystemFault::VisibilityOutlived, &ran));
+    }
+
+    #[test]
+    fn a_worker_is_in_a_transaction_while_its_last_reply_on_a_connection_says_so() {
+        use crate::env::wire::{PgBatch, PgProtocol, PgReply, RoundTrip};
+        let trip = |worker: &str, conn: u64, seq: u64, tx: Option<TxStatus>| {
+            (
+                0,
+                WireEvent {
+                    worker: worker.into(),
+                    service: "postgres".into(),
+                    trip: RoundTrip {
+                        link: "l".into(),
+                        conn,
+                        seq,
+                        sent_us: 0,
+                        forwarded_us: Some(0),
+                        answered_us: tx.map(|_| 1),
+                        request: Request::Postgres(PgRequest::Batch(PgBatch {
+                            mode: PgProtocol::Simple,
+                            statements: Vec::new(),
+                        })),
+                        reply: tx.map(|tx| {
+                            Reply::Postgres(PgReply {
+                                tx: Some(tx),
+                                ..PgReply::default()
+                            })
+                        }),
+                    },
+                },
+            )
+        };
+        let wire: Wire = Arc::default();
+        assert!(!in_transaction(&wire, "worker-a"));
+        // BEGIN on connection 7, then an UPDATE in it: open.
+        wire.lock().unwrap().extend([
+            trip("worker-a", 7, 0, Some(TxStatus::Transaction)),
+            trip("worker-a", 7, 1, Some(TxStatus::Transaction)),
+            trip("worker-a", 8, 0, Some(TxStatus::Idle)),
+        ]);
+        assert!(in_transaction(&wire, "worker-a"));
+        assert!(!in_transaction(&wire, "worker-b"));
+        // COMMIT answered: closed.
+        wire.lock()
+            .unwrap()
+            .push(trip("worker-a", 7, 2, Some(TxStatus::Idle)));
+        assert!(!in_transaction(&wire, "worker-a"));
+        // A failed transaction is open until its ROLLBACK; a connection that ended is closed.
+        wire.lock().unwrap().extend([
+            trip("worker-a", 9, 0, Some(TxStatus::Failed)),
+            trip("worker-a", 10, 0, Some(TxStatus::Transaction)),
+            trip("worker-a", 10, 1, None),
+        ]);
+        assert!(in_transaction(&wire, "worker-a"));
+        wire.lock()
+            .unwrap()
+            .push(trip("worker-a", 9, 1, Some(TxStatus::Idle)));
+        assert!(!in_transaction(&wire, "worker-a"));
     }
 
     #[test]
