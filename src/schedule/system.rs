@@ -1593,16 +1593,18 @@ async fn stop_outside_transactions(ctx: &mut CaseCtx<'_, '_>, index: usize) -> S
     const SETTLE: Duration = Duration::from_millis(30);
     let worker = ctx.fleet.workers[index].id.clone();
     let started = Instant::now();
+    let mut waited = Duration::ZERO;
     let mut retries = 0;
     loop {
+        let waiting = Instant::now();
         while in_transaction(&ctx.fleet.wire, &worker) && started.elapsed() < BOUND {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+        waited += waiting.elapsed();
         ctx.fleet.workers[index].signal_group(Signal::SIGSTOP);
         tokio::time::sleep(SETTLE).await;
         let inside = in_transaction(&ctx.fleet.wire, &worker);
-        let waited = started.elapsed().saturating_sub(SETTLE * (retries + 1));
-        if !inside && waited < Duration::from_millis(5) {
+        if !inside && retries == 0 && waited < Duration::from_millis(5) {
             return "outside any transaction of its own".to_owned();
         }
         if !inside {
