@@ -4,9 +4,11 @@
 //! 1. `floor`: the round-trip floor, the cases per second of the smallest case there is (one
 //!    request that one worker takes through its whole flow: submit, receive, lease, take, cache
 //!    read, backend call, fenced write, ack, release, then the drain and the history read back).
-//!    Every case makes at least these round trips, so no suite can beat it.
+//!    Every case makes at least these round trips, so no suite can beat it. The round trips a
+//!    case costs are counted where they are answered (Redis commands by name, Postgres
+//!    transactions), harness and workers together.
 //! 2. `throughput`: cases per second of every shipped suite as `explore` runs them (seed 0, the
-//!    default concurrency), and each suite's ratio to the floor.
+//!    default concurrency), each suite's ratio to the floor, its CPU and its round trips a case.
 //! 3. `detection`: per named defect, the cases and seconds an exploration of its suite needs to
 //!    meet the first failing case (no shrinking), seeds 0..10.
 //! 4. `default`: per named defect, whether its suite, explored as a default `certify` explores it
@@ -100,10 +102,14 @@ fn floor(rt: &Runtime, bed: &TestBed) -> anyhow::Result<f64> {
     println!(
         "\n## 1. Round-trip floor: the smallest case ({FLOOR_CASES} runs; one request, one worker to done)"
     );
+    let before = answered(rt, bed);
     let (one, latency) = floor_at(rt, bed, 1)?;
+    let after = answered(rt, bed);
     println!(
-        "floor x1: {one:.1} cases/s, mean {:.2} ms a case",
-        ms(latency)
+        "floor x1: {one:.1} cases/s, mean {:.2} ms a case\n  {}",
+        ms(latency),
+        // The warm-up cases count too.
+        round_trips(&before, &after, FLOOR_CASES + 1)
     );
     let (k, latency) = floor_at(rt, bed, concurrency)?;
     println!(
@@ -184,6 +190,82 @@ fn pg_sessions(rt: &Runtime, bed: &TestBed) -> i64 {
     .unwrap_or(-1)
 }
 
+/// Round trips the services have answered so far: Redis commands by name (`INFO
+/// commandstats`) and Postgres transactions (each statement a worker or the harness sends outside
+/// a transaction is one), both read directly, not through the proxy.
+#[derive(Debug, Default, Clone)]
+struct Answered {
+    redis: std::collections::BTreeMap<String, u64>,
+    pg_xacts: i64,
+}
+
+fn answered(rt: &Runtime, bed: &TestBed) -> Answered {
+    rt.block_on(async {
+        let mut out = Answered::default();
+        if let Ok(client) = redis::Client::open(bed.redis_direct_url())
+            && let Ok(mut conn) = client.get_multiplexed_async_connection().await
+            && let Ok(info) = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async::<String>(&mut conn)
+                .await
+        {
+            // cmdstat_get:calls=12,usec=...
+            for line in info.lines() {
+                let Some((name, rest)) = line.strip_prefix("cmdstat_").and_then(|l| l.split_once(':')) else {
+                    continue;
+                };
+                let calls = rest
+                    .split(',')
+                    .find_map(|f| f.strip_prefix("calls="))
+                    .and_then(|c| c.parse().ok())
+                    .unwrap_or(0);
+                out.redis.insert(name.to_owned(), calls);
+            }
+        }
+        if let Ok(mut conn) =
+            <sqlx::PgConnection as sqlx::Connection>::connect(&bed.database_direct_url()).await
+        {
+            out.pg_xacts = sqlx::query_scalar::<_, i64>(
+                "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()",
+            )
+            .fetch_one(&mut conn)
+            .await
+            .unwrap_or(-1);
+        }
+        out
+    })
+}
+
+/// Round trips a case between two readings of [`answered`]: Redis commands (the busiest named)
+/// and Postgres transactions.
+fn round_trips(before: &Answered, after: &Answered, cases: usize) -> String {
+    let per = |n: u64| n as f64 / cases.max(1) as f64;
+    let mut by_name: Vec<(String, u64)> = after
+        .redis
+        .iter()
+        .map(|(name, calls)| {
+            (
+                name.clone(),
+                calls.saturating_sub(before.redis.get(name).copied().unwrap_or(0)),
+            )
+        })
+        .filter(|(name, calls)| *calls > 0 && name != "info")
+        .collect();
+    by_name.sort_by_key(|(_, calls)| std::cmp::Reverse(*calls));
+    let total: u64 = by_name.iter().map(|(_, c)| c).sum();
+    let named: Vec<String> = by_name
+        .iter()
+        .map(|(name, calls)| format!("{name} {:.2}", per(*calls)))
+        .collect();
+    format!(
+        "round trips a case: redis {:.1} ({}); postgres transactions {:.1}",
+        per(total),
+        named.join(", "),
+        // The reading itself is one transaction.
+        (after.pg_xacts - before.pg_xacts - 1) as f64 / cases.max(1) as f64
+    )
+}
+
 /// Where one suite's cases spent CPU: this process, each container, and Postgres sessions.
 fn costs(
     cases: u32,
@@ -246,6 +328,7 @@ fn throughput(rt: &Runtime, bed: &TestBed, floor: Option<f64>) -> anyhow::Result
             concurrency,
             ..ExploreConfig::default()
         };
+        let answered_before = answered(rt, bed);
         let (self_before, containers_before, sessions_before) =
             (cpu_self(), cpu_containers(), pg_sessions(rt, bed));
         let report = explore(rt.handle(), &controller, &suite.space, &config)?;
@@ -257,6 +340,11 @@ fn throughput(rt: &Runtime, bed: &TestBed, floor: Option<f64>) -> anyhow::Result
             rt,
             bed,
         );
+        let trips = round_trips(
+            &answered_before,
+            &answered(rt, bed),
+            report.cases_run as usize,
+        );
         let secs = report.elapsed.as_secs_f64();
         let rate = f64::from(report.cases_run) / secs;
         let ratio = floor.map_or("-".to_owned(), |f| format!("{:.2}", rate / f));
@@ -266,8 +354,8 @@ fn throughput(rt: &Runtime, bed: &TestBed, floor: Option<f64>) -> anyhow::Result
             ""
         };
         println!(
-            "{name:<24} {rate:>9.1} {:>7} {secs:>8.2} {ratio:>7}{verdict}\n{:<24} {spent}",
-            report.cases_run, ""
+            "{name:<24} {rate:>9.1} {:>7} {secs:>8.2} {ratio:>7}{verdict}\n{:<24} {spent}\n{:<24} {trips}",
+            report.cases_run, "", ""
         );
     }
     Ok(())

@@ -26,7 +26,7 @@ use racecert::contract::log::LogSink;
 use racecert::contract::log::Status;
 use racecert::env::TestBed;
 use racecert::fault::FaultKind;
-use racecert::history::{Event, EventKind, History, SubmittedRequest, read_audit, read_jobs};
+use racecert::history::{Event, EventKind, History, SubmittedRequest, read_jobs, read_rows};
 use racecert::reference::Pipeline;
 use racecert::reference::queue::Queue;
 use racecert::reference::submit::InferenceRequest;
@@ -909,11 +909,12 @@ async fn baseline_round(
     for version in bed.versions() {
         journal.extend(bed.backend(version)?.journal(Some(&prefix)).await);
     }
+    let (audit, jobs) = read_rows(&pipeline.infra.pg, &prefix).await?;
     let history = History {
         events,
-        audit: read_audit(&pipeline.infra.pg, &prefix).await?,
+        audit,
         journal,
-        jobs: read_jobs(&pipeline.infra.pg, &prefix).await?,
+        jobs,
         requests,
         lease_ttl_ms: Some(BASE_LEASE.as_millis() as u64),
         namespace: Some(prefix.clone()),

@@ -299,6 +299,8 @@ pub struct TestBed {
     network: Option<Network>,
     /// The origin of recorded round trips' times.
     clock: Instant,
+    /// Service restarts so far ([`TestBed::restarts`]).
+    restarts: AtomicU64,
 }
 
 impl std::fmt::Debug for TestBed {
@@ -495,6 +497,7 @@ impl TestBed {
             startup: Duration::ZERO,
             network,
             clock: started,
+            restarts: AtomicU64::new(0),
         };
         bed.wait_services_ready().await?;
         bed.prepare_database(spec.services == Services::Containers)
@@ -600,6 +603,34 @@ impl TestBed {
     /// PostgreSQL URL for workers: through the proxy.
     pub fn database_url(&self) -> String {
         via(&self.database_direct_url, self.postgres_proxy.listen()).to_string()
+    }
+
+    /// Redis URL for the harness's own connections: straight to the service where its address
+    /// survives every restart the bed makes (the host network; external services are never
+    /// restarted), else through the shared proxy, whose address stays when a restart moves a
+    /// published port. The shared proxy carries no fault, so going around it changes nothing a
+    /// case sees, and spares every harness round trip a hop through the proxy.
+    pub fn harness_redis_url(&self) -> String {
+        if self.addresses_survive_restarts() {
+            self.redis_direct_url()
+        } else {
+            self.redis_url()
+        }
+    }
+
+    /// PostgreSQL URL for the harness's own connections (see [`TestBed::harness_redis_url`]).
+    pub fn harness_database_url(&self) -> String {
+        if self.addresses_survive_restarts() {
+            self.database_direct_url()
+        } else {
+            self.database_url()
+        }
+    }
+
+    /// Whether the services keep their addresses across restarts: on the host network each one
+    /// listens on its own fixed port; external services are not restarted at all.
+    fn addresses_survive_restarts(&self) -> bool {
+        self.network != Some(Network::Published)
     }
 
     /// Redis URL straight to the service, bypassing faults (checkers, benchmarks).
@@ -828,6 +859,9 @@ impl TestBed {
         let container = container.ok_or_else(|| {
             Error::Config("restarting a service needs container mode, not external services".into())
         })?;
+        // Counted before it happens: a connection that outlives it must be found stale even if
+        // this returns an error.
+        self.restarts.fetch_add(1, Ordering::SeqCst);
         container.restart(Duration::from_secs(1)).await?;
         let new_addr = container.host_addr().await?;
         let old_addr = std::mem::replace(&mut *slot.lock().expect("poisoned"), new_addr);
@@ -858,6 +892,12 @@ impl TestBed {
             _ => self.wait_postgres_ready().await?,
         }
         Ok(started.elapsed())
+    }
+
+    /// How many times a service of the bed was restarted so far: a connection opened (or last
+    /// seen answering) before the count moved may have seen its socket die.
+    pub fn restarts(&self) -> u64 {
+        self.restarts.load(Ordering::SeqCst)
     }
 
     /// Removes containers and proxies now, waiting for it (Drop does the same without waiting).

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// One row of `inference_jobs_audit`.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, Deserialize)]
 pub struct AuditRow {
     /// Order of the write.
     pub audit_id: i64,
@@ -338,11 +338,12 @@ pub async fn collect(
     for version in bed.versions() {
         journal.extend(bed.backend(version)?.take_journal(prefix));
     }
+    let (audit, jobs) = read_rows(pg, prefix).await?;
     Ok(History {
         events,
-        audit: read_audit(pg, prefix).await?,
+        audit,
         journal,
-        jobs: read_jobs(pg, prefix).await?,
+        jobs,
         requests,
         lease_ttl_ms: None,
         namespace: (!prefix.is_empty()).then(|| prefix.to_owned()),
@@ -351,17 +352,31 @@ pub async fn collect(
     })
 }
 
-/// Reads the audit trail of the keys under `prefix`.
-pub async fn read_audit(pg: &PgPool, prefix: &str) -> Result<Vec<AuditRow>> {
-    Ok(sqlx::query_as(
-        "SELECT audit_id, idempotency_key, operation, old_status, new_status, old_generation,
-                new_generation, old_model_version, new_model_version, old_lease_token,
-                new_lease_token, worker_id, attempt, output
-         FROM inference_jobs_audit WHERE idempotency_key LIKE $1 ORDER BY audit_id",
+/// Reads the audit trail and the job rows of the keys under `prefix` in one statement (one round
+/// trip, one snapshot): every case ends with this read, and a round trip is what a case costs.
+pub async fn read_rows(pg: &PgPool, prefix: &str) -> Result<(Vec<AuditRow>, Vec<JobRow>)> {
+    let (audit, jobs): (String, String) = sqlx::query_as(
+        "SELECT
+            (SELECT coalesce(json_agg(a ORDER BY a.audit_id), '[]')::text FROM (
+                SELECT audit_id, idempotency_key, operation, old_status, new_status,
+                       old_generation, new_generation, old_model_version, new_model_version,
+                       old_lease_token, new_lease_token, worker_id, attempt, output
+                FROM inference_jobs_audit WHERE idempotency_key LIKE $1) a),
+            (SELECT coalesce(json_agg(j ORDER BY j.idempotency_key), '[]')::text FROM (
+                SELECT idempotency_key, request_id, status, generation, model_version, output,
+                       lease_token, worker_id
+                FROM inference_jobs WHERE idempotency_key LIKE $1) j)",
     )
     .bind(format!("{}%", like_escape(prefix)))
-    .fetch_all(pg)
-    .await?)
+    .fetch_one(pg)
+    .await?;
+    let parse = |what: &str, err: serde_json::Error| {
+        crate::Error::other(format!("reading the {what} of {prefix:?}: {err}"))
+    };
+    Ok((
+        serde_json::from_str(&audit).map_err(|e| parse("audit trail", e))?,
+        serde_json::from_str(&jobs).map_err(|e| parse("job rows", e))?,
+    ))
 }
 
 /// Reads the job rows of the keys under `prefix`.

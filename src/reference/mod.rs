@@ -27,7 +27,7 @@ use submit::Api;
 use worker::{Worker, WorkerConfig, WorkerConfigBuilder};
 
 /// A job row as stored.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Deserialize)]
 pub struct JobRow {
     /// Idempotency key.
     pub idempotency_key: String,

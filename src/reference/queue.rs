@@ -97,6 +97,11 @@ impl Queue {
         if let Some(delivery) = self.claim_stale(consumer, visibility_timeout).await? {
             return Ok(Some(delivery));
         }
+        self.read_new(consumer).await
+    }
+
+    /// The next entry never delivered to the group, for `consumer`; `None` when there is none.
+    pub async fn read_new(&mut self, consumer: &str) -> Result<Option<Delivery>> {
         let options = StreamReadOptions::default()
             .group(CONSUMER_GROUP, consumer)
             .count(1);
@@ -172,6 +177,24 @@ impl Queue {
             .xack(&self.stream, CONSUMER_GROUP, &[entry_id])
             .await?;
         Ok(acked == 1)
+    }
+
+    /// How many deliveries a receive could still make: entries delivered and not acknowledged
+    /// plus entries never delivered (one `XINFO GROUPS` round trip). `None` when the server
+    /// cannot tell (no group, or a lag it does not know).
+    pub async fn backlog(&mut self) -> Result<Option<u64>> {
+        let groups: redis::streams::StreamInfoGroupsReply =
+            match self.redis.xinfo_groups(&self.stream).await {
+                Ok(groups) => groups,
+                // The server refused (no such stream, after a restart): it cannot tell.
+                Err(err) if err.code().is_some() => return Ok(None),
+                Err(err) => return Err(err.into()),
+            };
+        Ok(groups
+            .groups
+            .iter()
+            .find(|g| g.name == CONSUMER_GROUP)
+            .and_then(|g| Some(g.pending as u64 + g.lag? as u64)))
     }
 
     /// Entries delivered but not acknowledged.

@@ -299,7 +299,9 @@ impl Worker {
         checkpoints: Checkpoints,
         log: LogSink,
     ) -> Result<Worker> {
-        let queue = Queue::open(infra.redis.clone(), &keys).await?;
+        // No round trip to make the consumer group: whoever submits makes it (the API side, a
+        // harness), and the first read that finds none makes it then.
+        let queue = Queue::over(infra.redis.clone(), &keys);
         let seed = config.seed
             ^ u64::from_str_radix(&sha256_hex(&config.worker_id)[..16], 16).unwrap_or(0);
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);

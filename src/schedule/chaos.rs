@@ -199,7 +199,8 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
         links.push(WorkerLink::open(bed, true, true).await?);
     }
     let versions: Vec<String> = bed.versions().into_iter().map(str::to_owned).collect();
-    let admin = Infra::connect_harness(&bed.redis_url(), &bed.database_url()).await?;
+    let admin =
+        Infra::connect_harness(&bed.harness_redis_url(), &bed.harness_database_url()).await?;
     let recorder = Recorder::new();
     let log = recorder.log_sink(Echo::Off);
     // The API side submits through the harness's connections: clients retry their submits, and

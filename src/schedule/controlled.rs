@@ -102,8 +102,9 @@ pub struct Controller<'a> {
     admin: Infra,
     settings: CaseSettings,
     /// Per worker index, links not in use by a case (each case takes one per worker and gives it
-    /// back: links and their connections outlive cases, so a case costs no set-up).
-    pools: Vec<std::sync::Mutex<Vec<WorkerLink>>>,
+    /// back: links and their connections outlive cases, so a case costs no set-up), each with the
+    /// bed's count of restarts when it was given back ([`TestBed::restarts`]).
+    pools: Vec<std::sync::Mutex<Vec<(WorkerLink, u64)>>>,
     run_id: String,
     cases: AtomicU64,
     /// Cases may run concurrently (each in its own namespace, on its own proxies when it cuts a
@@ -135,7 +136,8 @@ impl<'a> Controller<'a> {
         if settings.workers.is_empty() {
             return Err(Error::Config("a case needs at least one worker".into()));
         }
-        let admin = Infra::connect_harness(&bed.redis_url(), &bed.database_url()).await?;
+        let admin =
+            Infra::connect_harness(&bed.harness_redis_url(), &bed.harness_database_url()).await?;
         let served = bed.versions();
         for spec in &settings.workers {
             if !served.contains(&spec.version.as_str()) {
@@ -223,7 +225,10 @@ impl<'a> Controller<'a> {
     async fn take_link(&self, index: usize) -> Result<WorkerLink> {
         let pooled = self.pools[index].lock().expect("poisoned").pop();
         match pooled {
-            Some(link) => {
+            // Given back since the last restart, by a case whose drain healed it: it answers,
+            // and a check would only cost a round trip through its proxy.
+            Some((link, restarts)) if restarts == self.bed.restarts() => Ok(link),
+            Some((link, _)) => {
                 let redis = link.infra()?.redis.clone();
                 crate::env::containers::wait_ready(
                     "redis (pooled worker link)",
@@ -242,8 +247,12 @@ impl<'a> Controller<'a> {
 
     /// Gives a case's links back for the next cases (healed by the case's drain).
     fn give_back(&self, links: Vec<WorkerLink>) {
+        let restarts = self.bed.restarts();
         for (index, link) in links.into_iter().enumerate() {
-            self.pools[index].lock().expect("poisoned").push(link);
+            self.pools[index]
+                .lock()
+                .expect("poisoned")
+                .push((link, restarts));
         }
     }
 }
@@ -521,26 +530,36 @@ impl<'c, 'a> CaseRun<'c, 'a> {
             }
             slots.settle(index).await?;
         }
-        for request in self.requests.clone() {
-            if self
-                .plane
-                .services
-                .delete_lease(&request.idempotency_key)
-                .await?
-            {
-                self.recorder.fault(crate::fault::Effect::LeaseExpired {
-                    key: request.idempotency_key.clone(),
-                    held: true,
-                });
+        let keys: Vec<String> = self
+            .requests
+            .iter()
+            .map(|r| r.idempotency_key.clone())
+            .collect();
+        let held = self.plane.services.delete_leases(&keys).await?;
+        for (key, held) in keys.into_iter().zip(held) {
+            if held {
+                self.recorder
+                    .fault(crate::fault::Effect::LeaseExpired { key, held: true });
             }
         }
         if self.plane.services.redis_restarted() {
             self.recover_queue().await?;
         }
-        let active = self.plane.services.active_version().await?;
+        // Nothing left to deliver (the common end of a case): settled without asking every
+        // worker's queue through its link, which would only hear "nothing" from each.
+        let mut harness_queue = Queue::over(self.plane.services.admin().redis.clone(), &self.keys);
+        let (active, backlog) = tokio::try_join!(
+            self.plane.services.active_version(),
+            harness_queue.backlog()
+        )?;
+        let rounds = if backlog == Some(0) {
+            0
+        } else {
+            4 * self.requests.len() + 4
+        };
         // Bounded: each round either processes a delivery or ends the drain.
-        let mut settled = false;
-        for _ in 0..(4 * self.requests.len() + 4) {
+        let mut settled = rounds == 0;
+        for _ in 0..rounds {
             let mut progressed = false;
             let workers: Vec<Arc<dyn WorkerUnderTest>> = self
                 .plane
@@ -614,7 +633,9 @@ impl<'c, 'a> CaseRun<'c, 'a> {
         let slot = &self.plane.workers.slots[index];
         let worker = slot.worker.id();
         let mut queue = slot.queue.clone();
-        if let Some(delivery) = queue.receive(worker, Duration::from_secs(3600)).await? {
+        // No delivery's visibility timeout runs out by itself here (the schedule expires them,
+        // below), so a receive is a read of new entries alone.
+        if let Some(delivery) = queue.read_new(worker).await? {
             return Ok(Some(delivery));
         }
         let redelivery = queue.claim_stale(worker, Duration::ZERO).await?;

@@ -468,7 +468,8 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
         links.push(link);
     }
     let versions: Vec<String> = bed.versions().into_iter().map(str::to_owned).collect();
-    let admin = Infra::connect_harness(&bed.redis_url(), &bed.database_url()).await?;
+    let admin =
+        Infra::connect_harness(&bed.harness_redis_url(), &bed.harness_database_url()).await?;
     let recorder = Recorder::new();
     let mut api = Pipeline::with_infra(
         admin.clone(),

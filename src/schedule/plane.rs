@@ -111,8 +111,8 @@ impl WorkerLink {
 pub struct Services<'b> {
     bed: &'b TestBed,
     keys: Keys,
-    /// The harness's own connections (through the shared proxies): a case's partition cuts off
-    /// its workers, not the harness.
+    /// The harness's own connections (straight to the services, or through the shared proxies:
+    /// [`TestBed::harness_redis_url`]): a case's partition cuts off its workers, not the harness.
     admin: Infra,
     /// The case's workers' links, in worker order.
     pub links: Vec<WorkerLink>,
@@ -241,6 +241,20 @@ impl<'b> Services<'b> {
             .query_async(&mut redis)
             .await?;
         Ok(deleted == 1)
+    }
+
+    /// Deletes the leases of `keys` through the harness's connection, in one round trip; for
+    /// each key, whether a lease was held.
+    pub async fn delete_leases(&self, keys: &[String]) -> Result<Vec<bool>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for key in keys {
+            pipe.cmd("DEL").arg(self.keys.lease(key));
+        }
+        let deleted: Vec<i64> = pipe.query_async(&mut self.admin.redis.clone()).await?;
+        Ok(deleted.into_iter().map(|d| d == 1).collect())
     }
 
     /// After a restart or a healed partition the connections have seen their sockets die: the
@@ -418,17 +432,30 @@ impl<'b> Services<'b> {
         Ok(())
     }
 
-    /// Deletes every key of the case's namespace (what a restart of a Redis without persistence
-    /// loses), through the harness's connection.
-    /// Deletes every Redis key of the case's namespace.
+    /// Deletes every Redis key of the case's namespace (what a restart of a Redis without
+    /// persistence loses), through the harness's connection: one round trip, the walk of the
+    /// keyspace done by the server (every case ends with this, so it is worth a script).
     pub(crate) async fn flush_namespace(&self) -> Result<()> {
-        let mut redis = self.admin.redis.clone();
-        let keys =
-            crate::contract::worker::scan_keys(&mut redis, &format!("{}*", self.keys.prefix()))
-                .await?;
-        if !keys.is_empty() {
-            let _: i64 = redis::cmd("DEL").arg(&keys).query_async(&mut redis).await?;
-        }
+        static FLUSH: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+            redis::Script::new(
+                r#"
+                local cursor, deleted = "0", 0
+                repeat
+                    local reply = redis.call("SCAN", cursor, "MATCH", ARGV[1], "COUNT", 10000)
+                    cursor = reply[1]
+                    for _, key in ipairs(reply[2]) do
+                        deleted = deleted + redis.call("DEL", key)
+                    end
+                until cursor == "0"
+                return deleted
+                "#,
+            )
+        });
+        let pattern = format!("{}*", glob_escape(self.keys.prefix()));
+        let _: i64 = FLUSH
+            .arg(pattern)
+            .invoke_async(&mut self.admin.redis.clone())
+            .await?;
         Ok(())
     }
 
@@ -521,5 +548,28 @@ impl<W: Workers> Plane for CasePlane<'_, W> {
 
     async fn heal_all(&mut self) -> Result<()> {
         self.services.heal_all().await
+    }
+}
+
+/// `text` as a Redis glob that matches only itself.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_escape;
+
+    #[test]
+    fn an_escaped_prefix_is_a_glob_that_matches_only_itself() {
+        assert_eq!(glob_escape("r1x0c5:"), "r1x0c5:");
+        assert_eq!(glob_escape(r"a*b?c[d]e\f"), r"a\*b\?c\[d\]e\\f");
     }
 }

@@ -687,7 +687,8 @@ impl<'b> Case<'b> {
             links.push(link);
             gates.push(gate);
         }
-        let admin = Infra::connect_harness(&bed.redis_url(), &bed.database_url()).await?;
+        let admin =
+            Infra::connect_harness(&bed.harness_redis_url(), &bed.harness_database_url()).await?;
         let api = Pipeline::with_infra(
             admin.clone(),
             keys.clone(),
