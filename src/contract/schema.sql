@@ -41,6 +41,12 @@ CREATE TABLE IF NOT EXISTS inference_jobs_audit (
     recorded_at       TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
 );
 
+-- A bed on external services applies this to a database whose tables other beds' workers may be
+-- writing. A worker's write locks the job row's table, then (through the trigger) the audit
+-- table; the statements below lock both too, in the other order (the index, then the trigger).
+-- Taking both locks first, in the workers' order, is what keeps the two from deadlocking.
+LOCK TABLE inference_jobs, inference_jobs_audit IN ACCESS EXCLUSIVE MODE;
+
 CREATE INDEX IF NOT EXISTS inference_jobs_audit_key ON inference_jobs_audit (idempotency_key, audit_id);
 
 CREATE OR REPLACE FUNCTION inference_jobs_audit_row() RETURNS trigger AS $$

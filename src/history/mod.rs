@@ -355,17 +355,19 @@ pub async fn collect(
 /// Reads the audit trail and the job rows of the keys under `prefix` in one statement (one round
 /// trip, one snapshot): every case ends with this read, and a round trip is what a case costs.
 pub async fn read_rows(pg: &PgPool, prefix: &str) -> Result<(Vec<AuditRow>, Vec<JobRow>)> {
-    let (audit, jobs): (String, String) = sqlx::query_as(
+    // The job rows' table first: tables are locked in the order the statement names them, and
+    // every writer and the schema take the jobs table before the audit table (schema.sql).
+    let (jobs, audit): (String, String) = sqlx::query_as(
         "SELECT
+            (SELECT coalesce(json_agg(j ORDER BY j.idempotency_key), '[]')::text FROM (
+                SELECT idempotency_key, request_id, status, generation, model_version, output,
+                       lease_token, worker_id
+                FROM inference_jobs WHERE idempotency_key LIKE $1) j),
             (SELECT coalesce(json_agg(a ORDER BY a.audit_id), '[]')::text FROM (
                 SELECT audit_id, idempotency_key, operation, old_status, new_status,
                        old_generation, new_generation, old_model_version, new_model_version,
                        old_lease_token, new_lease_token, worker_id, attempt, output
-                FROM inference_jobs_audit WHERE idempotency_key LIKE $1) a),
-            (SELECT coalesce(json_agg(j ORDER BY j.idempotency_key), '[]')::text FROM (
-                SELECT idempotency_key, request_id, status, generation, model_version, output,
-                       lease_token, worker_id
-                FROM inference_jobs WHERE idempotency_key LIKE $1) j)",
+                FROM inference_jobs_audit WHERE idempotency_key LIKE $1) a)",
     )
     .bind(format!("{}%", like_escape(prefix)))
     .fetch_one(pg)
