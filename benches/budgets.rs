@@ -8,7 +8,8 @@
 //!    services is counted where it is answered (Redis commands by name, Postgres transactions),
 //!    harness and workers together.
 //! 2. `throughput`: cases per second of every shipped suite as `explore` runs them (seed 0, the
-//!    default concurrency), each suite's ratio to the floor, its CPU and what the services answered a case.
+//!    default concurrency), each suite's ratio to the floor, its CPU, and what the services
+//!    answered a case.
 //! 3. `detection`: per named defect, the cases and seconds an exploration of its suite needs to
 //!    meet the first failing case (no shrinking), seeds 0..10.
 //! 4. `default`: per named defect, whether its suite, explored as a default `certify` explores it
@@ -109,7 +110,7 @@ fn floor(rt: &Runtime, bed: &TestBed) -> anyhow::Result<f64> {
         "floor x1: {one:.1} cases/s, mean {:.2} ms a case\n  {}",
         ms(latency),
         // The warm-up cases count too.
-        round_trips(&before, &after, FLOOR_CASES + 1)
+        answered_a_case(&before, &after, FLOOR_CASES + 1)
     );
     let (k, latency) = floor_at(rt, bed, concurrency)?;
     println!(
@@ -190,9 +191,9 @@ fn pg_sessions(rt: &Runtime, bed: &TestBed) -> i64 {
     .unwrap_or(-1)
 }
 
-/// Round trips the services have answered so far: Redis commands by name (`INFO
-/// commandstats`) and Postgres transactions (each statement a worker or the harness sends outside
-/// a transaction is one), both read directly, not through the proxy.
+/// What the services have answered so far: Redis commands by name (`INFO commandstats`) and
+/// Postgres transactions (each statement a worker or the harness sends outside a transaction is
+/// one), both read directly, not through the proxy.
 #[derive(Debug, Default, Clone)]
 struct Answered {
     redis: std::collections::BTreeMap<String, u64>,
@@ -239,7 +240,7 @@ fn answered(rt: &Runtime, bed: &TestBed) -> Answered {
 /// What the services answered a case between two readings of [`answered`]: Redis commands by
 /// name (a script's or a pipeline's count each, so commands are not round trips) and Postgres
 /// transactions (autovacuum's included, so roughly).
-fn round_trips(before: &Answered, after: &Answered, cases: usize) -> String {
+fn answered_a_case(before: &Answered, after: &Answered, cases: usize) -> String {
     let per = |n: u64| n as f64 / cases.max(1) as f64;
     // A Redis process restart (the redis-restart suite's first case) starts its counters anew.
     let restarted = before
@@ -354,7 +355,7 @@ fn throughput(rt: &Runtime, bed: &TestBed, floor: Option<f64>) -> anyhow::Result
             rt,
             bed,
         );
-        let trips = round_trips(
+        let trips = answered_a_case(
             &answered_before,
             &answered(rt, bed),
             report.cases_run as usize,
