@@ -235,12 +235,7 @@ impl<'b> Services<'b> {
 
     /// Deletes the lease of `key` through the harness's connection; whether one was held.
     pub async fn delete_lease(&self, key: &str) -> Result<bool> {
-        let mut redis = self.admin.redis.clone();
-        let deleted: i64 = redis::cmd("DEL")
-            .arg(self.keys.lease(key))
-            .query_async(&mut redis)
-            .await?;
-        Ok(deleted == 1)
+        Ok(self.delete_leases(&[key.to_owned()]).await? == [true])
     }
 
     /// Deletes the leases of `keys` through the harness's connection, in one round trip; for
