@@ -618,6 +618,11 @@ async fn start_postgres(
         .with_env_var("POSTGRES_USER", POSTGRES_USER)
         .with_env_var("POSTGRES_PASSWORD", password)
         .with_env_var("POSTGRES_DB", POSTGRES_DB)
+        // Every new session authenticates, and partitions make workers reconnect often: SCRAM's
+        // key stretching costs both sides about twice what the whole md5 exchange does (pgbench
+        // here: 8.3 ms against 4.1 ms a connection), and a throwaway bed on loopback needs a
+        // password check, not resistance to an offline attack on a stolen hash.
+        .with_env_var("POSTGRES_HOST_AUTH_METHOD", "md5")
         .with_cmd(cmd)
         .with_labels(owner.labels("postgres"))
         .with_container_name(&name)

@@ -198,13 +198,15 @@ pub fn ensure_images(
         let started = Instant::now();
         let image = config.get(service).clone();
         let present = image_exists(&image.to_string())?;
-        // The proxy image packages this crate's binary: a present image with another build
-        // inside is stale, whatever its tag says.
+        // An image racecert built from other files than this build's (an older Dockerfile or
+        // entrypoint) is stale, whatever its tag says; so is a proxy image packaging another
+        // build of this crate's binary.
         let stale = present
-            && service == Service::Proxy
             && image.is_racecert_built()
-            && packaged_binary_label(&image.to_string())?
-                != Some(binary_digest(&racecert_binary()?)?);
+            && (image_label(&image.to_string(), RECIPE_LABEL)? != Some(recipe_digest(service))
+                || (service == Service::Proxy
+                    && image_label(&image.to_string(), BINARY_LABEL)?
+                        != Some(binary_digest(&racecert_binary()?)?)));
         let action = if present && !force && !stale {
             "present".to_owned()
         } else if !image.is_racecert_built() {
@@ -318,8 +320,41 @@ fn binary_digest(path: &Path) -> Result<String> {
     Ok(hex::encode(sha2::Sha256::digest(&bytes)))
 }
 
-fn packaged_binary_label(reference: &str) -> Result<Option<String>> {
-    let template = format!("{{{{index .Config.Labels \"{BINARY_LABEL}\"}}}}");
+/// Label of every service image racecert builds: SHA-256 of the files it was built from.
+const RECIPE_LABEL: &str = "racecert.recipe-sha256";
+
+/// The files a service's image is built from, as this build of racecert carries them (the proxy
+/// image's binary is checked on its own: [`BINARY_LABEL`]).
+fn recipe(service: Service) -> &'static [(&'static str, &'static str)] {
+    match service {
+        Service::Redis => &[("Dockerfile", REDIS_DOCKERFILE)],
+        Service::Postgres => &[
+            ("Dockerfile", POSTGRES_DOCKERFILE),
+            ("entrypoint.sh", POSTGRES_ENTRYPOINT),
+        ],
+        Service::Proxy => &[("Dockerfile", PROXY_DOCKERFILE)],
+    }
+}
+
+fn recipe_digest(service: Service) -> String {
+    files_digest(recipe(service))
+}
+
+fn files_digest(files: &[(&str, &str)]) -> String {
+    let mut hasher = sha2::Sha256::new();
+    for (name, contents) in files {
+        // Lengths first, so that moving bytes from one file to the next changes the digest.
+        hasher.update((name.len() as u64).to_le_bytes());
+        hasher.update(name.as_bytes());
+        hasher.update((contents.len() as u64).to_le_bytes());
+        hasher.update(contents.as_bytes());
+    }
+    hex::encode(hasher.finalize())
+}
+
+/// The value of `label` on a local image, if it has one.
+fn image_label(reference: &str, label: &str) -> Result<Option<String>> {
+    let template = format!("{{{{index .Config.Labels \"{label}\"}}}}");
     let output = docker(
         &["image", "inspect", "--format", &template, reference],
         "image inspect",
@@ -372,6 +407,10 @@ fn docker_build_inner(context: &Path, image: &ImageRef, base: &str) -> Result<()
         "-t".to_owned(),
         reference.clone(),
     ];
+    if let Ok(digest) = std::fs::read_to_string(context.join("racecert.recipe")) {
+        args.push("--label".to_owned());
+        args.push(format!("{RECIPE_LABEL}={}", digest.trim()));
+    }
     // The digest of the binary as built (before stripping), so staleness checks compare like
     // with like.
     if let Ok(digest) = std::fs::read_to_string(context.join("racecert.sha256")) {
@@ -424,30 +463,26 @@ impl BuildContext {
             let path = context.dir.join(name);
             std::fs::write(&path, contents).map_err(|err| Error::io_at(&path, err))
         };
-        match service {
-            Service::Redis => write("Dockerfile", REDIS_DOCKERFILE.as_bytes())?,
-            Service::Postgres => {
-                write("Dockerfile", POSTGRES_DOCKERFILE.as_bytes())?;
-                write("entrypoint.sh", POSTGRES_ENTRYPOINT.as_bytes())?;
-            }
-            Service::Proxy => {
-                write("Dockerfile", PROXY_DOCKERFILE.as_bytes())?;
-                let binary = racecert_binary()?;
-                write("racecert.sha256", binary_digest(&binary)?.as_bytes())?;
-                let target = context.dir.join("racecert");
-                std::fs::copy(&binary, &target).map_err(|err| {
-                    Error::io(
-                        format!("copy {} to {}", binary.display(), target.display()),
-                        err,
-                    )
-                })?;
-                // Debug builds carry hundreds of MB of debug info the image does not need.
-                let _ = Command::new("strip")
-                    .arg("--strip-debug")
-                    .arg(&target)
-                    .stdin(Stdio::null())
-                    .output();
-            }
+        for (name, contents) in recipe(service) {
+            write(name, contents.as_bytes())?;
+        }
+        write("racecert.recipe", recipe_digest(service).as_bytes())?;
+        if service == Service::Proxy {
+            let binary = racecert_binary()?;
+            write("racecert.sha256", binary_digest(&binary)?.as_bytes())?;
+            let target = context.dir.join("racecert");
+            std::fs::copy(&binary, &target).map_err(|err| {
+                Error::io(
+                    format!("copy {} to {}", binary.display(), target.display()),
+                    err,
+                )
+            })?;
+            // Debug builds carry hundreds of MB of debug info the image does not need.
+            let _ = Command::new("strip")
+                .arg("--strip-debug")
+                .arg(&target)
+                .stdin(Stdio::null())
+                .output();
         }
         Ok(context)
     }
@@ -817,6 +852,33 @@ mod tests {
         let official = ImageRef::parse("localhost:5000/redis:7.2", "x").unwrap();
         assert_eq!(official.name, "localhost:5000/redis");
         assert!(!official.is_racecert_built());
+    }
+
+    #[test]
+    fn a_recipe_digest_changes_with_any_file_of_it() {
+        let base = [("Dockerfile", "FROM x\nCOPY e /e\n"), ("e", "#!/bin/sh\n")];
+        let digest = files_digest(&base);
+        assert_eq!(digest, files_digest(&base), "the digest is stable");
+        // A changed file, bytes moved from one file to the next, a renamed file: all stale.
+        let changed = [
+            ("Dockerfile", "FROM x\nCOPY e /e\n"),
+            ("e", "#!/bin/bash\n"),
+        ];
+        let moved = [("Dockerfile", "FROM x\nCOPY e /e\n#"), ("e", "!/bin/sh\n")];
+        let renamed = [("Dockerfile", "FROM x\nCOPY e /e\n"), ("f", "#!/bin/sh\n")];
+        for other in [&changed, &moved, &renamed] {
+            assert_ne!(digest, files_digest(other));
+        }
+        // The shipped recipes differ from each other, and the entrypoint is part of Postgres's.
+        let services = [Service::Redis, Service::Postgres, Service::Proxy];
+        let digests: std::collections::BTreeSet<_> =
+            services.iter().map(|&s| recipe_digest(s)).collect();
+        assert_eq!(digests.len(), services.len());
+        assert!(
+            recipe(Service::Postgres)
+                .iter()
+                .any(|(name, _)| *name == "entrypoint.sh")
+        );
     }
 
     #[test]

@@ -44,8 +44,10 @@ impl std::fmt::Debug for Progress {
 }
 
 /// Cases in flight at once by default: most of a case's time is round trips to the containers,
-/// so a few cases overlap well even on two cores (see BENCHMARKS.md).
-pub const DEFAULT_CONCURRENCY: usize = 4;
+/// so a few cases overlap well even on two cores. Six beat four on every shipped suite once a
+/// case cost fewer round trips (BENCHMARKS.md, "Six cases at once"); eight did no better than six
+/// and opened more Postgres sessions.
+pub const DEFAULT_CONCURRENCY: usize = 6;
 
 /// A case draws mutants only from corpus entries of cases at least this many before it, so the
 /// schedules do not depend on which cases happen to have finished (concurrency, load): the same

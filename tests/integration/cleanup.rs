@@ -46,6 +46,15 @@ async fn containers_of_a_killed_run_are_reaped_and_live_ones_are_kept(
         "expected the killed run's redis and postgres containers, found {orphans:?}"
     );
     anyhow::ensure!(orphans.iter().all(|c| !c.owner.is_alive()));
+    // Postgres keeps its cluster on an anonymous volume: it must go with its container.
+    let mut volumes = Vec::new();
+    for orphan in &orphans {
+        volumes.extend(volumes_of(&orphan.id)?);
+    }
+    anyhow::ensure!(
+        !volumes.is_empty(),
+        "the killed run's postgres container has no data volume"
+    );
 
     let removed = tokio::task::spawn_blocking(|| reaper::reap(false)).await??;
     let me = reaper::Owner::current();
@@ -62,5 +71,38 @@ async fn containers_of_a_killed_run_are_reaped_and_live_ones_are_kept(
         left.iter().filter(|c| c.owner == me).count() >= 2,
         "this run's own containers must survive"
     );
+    for volume in &volumes {
+        let inspect = Command::new("docker")
+            .args(["volume", "inspect", volume])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        anyhow::ensure!(
+            !inspect.success(),
+            "volume {volume} of a reaped container survived the reaper"
+        );
+    }
     Ok(())
+}
+
+/// The names of the volumes mounted in container `id`.
+fn volumes_of(id: &str) -> anyhow::Result<Vec<String>> {
+    let output = Command::new("docker")
+        .args([
+            "inspect",
+            "--format",
+            "{{range .Mounts}}{{if eq .Type \"volume\"}}{{.Name}} {{end}}{{end}}",
+            id,
+        ])
+        .stdin(Stdio::null())
+        .output()?;
+    anyhow::ensure!(
+        output.status.success(),
+        "docker inspect {id}: {}",
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect())
 }
