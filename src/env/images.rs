@@ -293,7 +293,7 @@ fn build_service(
     base: &str,
 ) -> Result<String> {
     let context = BuildContext::create(service)?;
-    match docker_build(&context.dir, image, base) {
+    match docker_build(&context, image, base) {
         Ok(()) => Ok("built".to_owned()),
         Err(first) => {
             tracing::warn!(image = %image, error = %first, "build on the base image failed; installing the packages on the host with debootstrap --include");
@@ -301,7 +301,7 @@ fn build_service(
             if !image_exists(&fallback_base)? {
                 bootstrap_rootfs_image(config, &fallback_base, service.packages())?;
             }
-            docker_build(&context.dir, image, &fallback_base).map_err(|second| Error::Image {
+            docker_build(&context, image, &fallback_base).map_err(|second| Error::Image {
                 image: image.to_string(),
                 message: format!(
                     "build failed on {base} ({first}) and on {fallback_base} with host-installed packages ({second})"
@@ -376,7 +376,7 @@ fn image_id(reference: &str) -> Option<String> {
         .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
-fn docker_build(context: &Path, image: &ImageRef, base: &str) -> Result<()> {
+fn docker_build(context: &BuildContext, image: &ImageRef, base: &str) -> Result<()> {
     let reference = image.to_string();
     let previous = image_id(&reference);
     docker_build_inner(context, image, base)?;
@@ -393,10 +393,10 @@ fn docker_build(context: &Path, image: &ImageRef, base: &str) -> Result<()> {
     Ok(())
 }
 
-fn docker_build_inner(context: &Path, image: &ImageRef, base: &str) -> Result<()> {
+fn docker_build_inner(context: &BuildContext, image: &ImageRef, base: &str) -> Result<()> {
     let reference = image.to_string();
     let base_arg = format!("BASE={base}");
-    let context_str = context.display().to_string();
+    let context_str = context.dir.display().to_string();
     let mut args = vec![
         "build".to_owned(),
         "--quiet".to_owned(),
@@ -407,15 +407,9 @@ fn docker_build_inner(context: &Path, image: &ImageRef, base: &str) -> Result<()
         "-t".to_owned(),
         reference.clone(),
     ];
-    if let Ok(digest) = std::fs::read_to_string(context.join("racecert.recipe")) {
+    for (label, value) in &context.labels {
         args.push("--label".to_owned());
-        args.push(format!("{RECIPE_LABEL}={}", digest.trim()));
-    }
-    // The digest of the binary as built (before stripping), so staleness checks compare like
-    // with like.
-    if let Ok(digest) = std::fs::read_to_string(context.join("racecert.sha256")) {
-        args.push("--label".to_owned());
-        args.push(format!("{BINARY_LABEL}={}", digest.trim()));
+        args.push(format!("{label}={value}"));
     }
     args.push(context_str);
     let mut command = Command::new("docker");
@@ -444,9 +438,11 @@ fn buildx_available() -> bool {
         .unwrap_or(false)
 }
 
-/// A temporary build context holding one service's Dockerfile and files.
+/// A temporary build context holding one service's Dockerfile and files, and the labels that
+/// say what it was made of (for staleness checks).
 struct BuildContext {
     dir: PathBuf,
+    labels: Vec<(&'static str, String)>,
 }
 
 impl BuildContext {
@@ -458,7 +454,10 @@ impl BuildContext {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|err| Error::io_at(&dir, err))?;
-        let context = BuildContext { dir };
+        let mut context = BuildContext {
+            dir,
+            labels: vec![(RECIPE_LABEL, recipe_digest(service))],
+        };
         let write = |name: &str, contents: &[u8]| -> Result<()> {
             let path = context.dir.join(name);
             std::fs::write(&path, contents).map_err(|err| Error::io_at(&path, err))
@@ -466,10 +465,11 @@ impl BuildContext {
         for (name, contents) in recipe(service) {
             write(name, contents.as_bytes())?;
         }
-        write("racecert.recipe", recipe_digest(service).as_bytes())?;
         if service == Service::Proxy {
             let binary = racecert_binary()?;
-            write("racecert.sha256", binary_digest(&binary)?.as_bytes())?;
+            // The digest of the binary as built (before stripping), so staleness checks compare
+            // like with like.
+            context.labels.push((BINARY_LABEL, binary_digest(&binary)?));
             let target = context.dir.join("racecert");
             std::fs::copy(&binary, &target).map_err(|err| {
                 Error::io(
