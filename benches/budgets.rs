@@ -19,7 +19,8 @@
 //!
 //! It uses only library API that racecert had before time budgets (commit b64dc10), so the same
 //! file measures both sides of BENCHMARKS.md's "Time budgets" section in one sitting
-//! (`scripts/bench-budgets.sh` copies it into the before tree).
+//! (`scripts/bench-budgets.sh` copies it into the before tree, without the global allocator where
+//! that side's binary has none).
 
 use racecert::contract::checkpoint::Checkpoint;
 use racecert::contract::defect::{Defect, Defects};
@@ -30,6 +31,10 @@ use racecert::schedule::{RequestSpec, Schedule, Step};
 use racecert::suite::{Suite, builtin};
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
+
+/// The racecert binary's allocator (`src/main.rs`), so the bench measures what `certify` runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Cases of the floor measurement.
 const FLOOR_CASES: usize = 200;
