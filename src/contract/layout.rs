@@ -37,9 +37,9 @@ struct Compiled {
 
 impl Compiled {
     fn new(pattern: &str) -> Option<Compiled> {
-        let placeholder = ["{key}", "{version}", "*"]
+        let placeholder = PLACEHOLDERS
             .iter()
-            .filter_map(|p| pattern.find(p))
+            .filter_map(|(p, _)| pattern.find(p))
             .min()
             .unwrap_or(pattern.len());
         let (head, rest) = pattern.split_at(placeholder);
@@ -78,24 +78,27 @@ fn compile_rest(rest: &str) -> Option<Regex> {
     regex
 }
 
+/// A pattern's placeholders and the regex each stands for.
+const PLACEHOLDERS: [(&str, &str); 3] = [
+    ("{key}", "(?P<key>.+)"),
+    ("{version}", "(?P<version>[^:{}]+)"),
+    ("*", ".*"),
+];
+
 fn compile(pattern: &str) -> Option<Regex> {
     let mut regex = String::from("^");
     let mut rest = pattern;
-    while !rest.is_empty() {
-        if let Some(after) = rest.strip_prefix("{key}") {
-            regex.push_str("(?P<key>.+)");
-            rest = after;
-        } else if let Some(after) = rest.strip_prefix("{version}") {
-            regex.push_str("(?P<version>[^:{}]+)");
-            rest = after;
-        } else if let Some(after) = rest.strip_prefix('*') {
-            regex.push_str(".*");
-            rest = after;
-        } else {
-            let next = rest.chars().next().expect("not empty");
-            regex.push_str(&regex::escape(&next.to_string()));
-            rest = &rest[next.len_utf8()..];
+    'next: while !rest.is_empty() {
+        for (placeholder, stands_for) in PLACEHOLDERS {
+            if let Some(after) = rest.strip_prefix(placeholder) {
+                regex.push_str(stands_for);
+                rest = after;
+                continue 'next;
+            }
         }
+        let next = rest.chars().next().expect("not empty");
+        regex.push_str(&regex::escape(&next.to_string()));
+        rest = &rest[next.len_utf8()..];
     }
     regex.push('$');
     Regex::new(&regex).ok()
