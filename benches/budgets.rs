@@ -25,8 +25,8 @@
 use racecert::contract::checkpoint::Checkpoint;
 use racecert::contract::defect::{Defect, Defects};
 use racecert::env::TestBed;
-use racecert::schedule::controlled::Controller;
-use racecert::schedule::explore::{ExploreConfig, explore};
+use racecert::runner::controlled::Controller;
+use racecert::runner::explore::{ExploreConfig, explore};
 use racecert::schedule::{RequestSpec, Schedule, Step};
 use racecert::suite::{Suite, builtin};
 use std::time::{Duration, Instant};
@@ -351,7 +351,7 @@ fn throughput(rt: &Runtime, bed: &TestBed, floor: Option<f64>) -> anyhow::Result
         let answered_before = answered(rt, bed);
         let (self_before, containers_before, sessions_before) =
             (cpu_self(), cpu_containers(), pg_sessions(rt, bed));
-        let report = explore(rt.handle(), &controller, &suite.space, &config)?;
+        let report = rt.block_on(explore(&controller, &suite.space, &config))?;
         let spent = costs(
             report.cases_run,
             self_before,
@@ -368,7 +368,7 @@ fn throughput(rt: &Runtime, bed: &TestBed, floor: Option<f64>) -> anyhow::Result
         let secs = report.elapsed.as_secs_f64();
         let rate = f64::from(report.cases_run) / secs;
         let ratio = floor.map_or("-".to_owned(), |f| format!("{:.2}", rate / f));
-        let verdict = if report.counterexample.is_some() {
+        let verdict = if report.found.is_some() {
             "  UNEXPECTED failure"
         } else {
             ""
@@ -401,8 +401,8 @@ fn detection(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
                 max_shrink_iters: 0,
                 ..ExploreConfig::default()
             };
-            match explore(rt.handle(), &controller, &suite.space, &config) {
-                Ok(report) => found.push(report.counterexample.map(|c| c.found_after)),
+            match rt.block_on(explore(&controller, &suite.space, &config)) {
+                Ok(report) => found.push(report.found.map(|c| c.found_after)),
                 Err(err) => {
                     println!("  {} seed {seed}: harness error: {err}", defect.name());
                     found.push(None);
@@ -471,11 +471,12 @@ fn default_certify(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
                 ..ExploreConfig::default()
             };
             let started = Instant::now();
-            match explore(rt.handle(), &controller, &suite.space, &config) {
-                Ok(report) => match report.counterexample {
+            match rt.block_on(explore(&controller, &suite.space, &config)) {
+                Ok(report) => match report.found {
                     Some(found) => {
                         let broken = found
-                            .result
+                            .shrunk
+                            .case
                             .violations
                             .iter()
                             .map(|v| v.invariant)

@@ -31,8 +31,8 @@ use racecert::reference::Pipeline;
 use racecert::reference::queue::Queue;
 use racecert::reference::submit::InferenceRequest;
 use racecert::reference::worker::Worker;
-use racecert::schedule::controlled::Controller;
-use racecert::schedule::explore::{DEFAULT_CONCURRENCY, ExploreConfig, ExploreReport, explore};
+use racecert::runner::controlled::Controller;
+use racecert::runner::explore::{DEFAULT_CONCURRENCY, ExploreConfig, ExploreReport, explore};
 use racecert::suite::{Suite, builtin};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -119,7 +119,7 @@ fn explore_with(
         max_shrink_iters: 0,
         ..ExploreConfig::default()
     };
-    Ok(explore(rt.handle(), controller, &suite.space, &config)?)
+    Ok(rt.block_on(explore(controller, &suite.space, &config))?)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -407,13 +407,13 @@ fn explore_throughput(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
                 concurrency,
                 ..ExploreConfig::default()
             };
-            let report = explore(rt.handle(), &controller, &suite.space, &config)?;
+            let report = rt.block_on(explore(&controller, &suite.space, &config))?;
             let secs = report.elapsed.as_secs_f64();
-            let verdict = match &report.counterexample {
+            let verdict = match &report.found {
                 None => String::new(),
                 Some(found) => format!(
                     " UNEXPECTED failure: {}",
-                    invariant_names(&found.result.violations)
+                    invariant_names(&found.shrunk.case.violations)
                 ),
             };
             line.push_str(&format!(
@@ -452,11 +452,11 @@ fn wire_cost(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
                     concurrency: DEFAULT_CONCURRENCY,
                     ..ExploreConfig::default()
                 };
-                let report = explore(rt.handle(), &controller, &suite.space, &config)?;
-                if let Some(found) = &report.counterexample {
+                let report = rt.block_on(explore(&controller, &suite.space, &config))?;
+                if let Some(found) = &report.found {
                     println!(
                         "{name}: UNEXPECTED failure (wire {wire}): {}",
-                        invariant_names(&found.result.violations)
+                        invariant_names(&found.shrunk.case.violations)
                     );
                 }
                 rates
@@ -669,10 +669,11 @@ fn detection(rt: &Runtime, bed: &TestBed) -> anyhow::Result<Vec<Detection>> {
         let mut errors = Vec::new();
         for seed in 0..DETECTION_SEEDS {
             match explore_with(rt, &controller, &suite, DETECTION_CASES, seed) {
-                Ok(report) => match &report.counterexample {
+                Ok(report) => match &report.found {
                     Some(c) => {
                         found.push(Some(c.found_after));
-                        invariants.extend(c.result.violations.iter().map(|v| v.invariant.name()));
+                        invariants
+                            .extend(c.shrunk.case.violations.iter().map(|v| v.invariant.name()));
                     }
                     None => found.push(None),
                 },
@@ -920,6 +921,7 @@ async fn baseline_round(
         namespace: Some(prefix.clone()),
         wire_recorded: false,
         layout: racecert::contract::layout::KeyLayout::contract(&prefix),
+        ..History::default()
     };
     let violations = check(&history, &Invariant::ALL);
     let redeliveries = history.with_status(Status::RetryDispatched).count();

@@ -148,13 +148,12 @@ fn main() -> anyhow::Result<()> {
             ..CertifyOptions::default()
         };
         let suite_started = Instant::now();
-        let report = certify(
-            runtime.handle(),
+        let report = runtime.block_on(certify(
             &bed,
             std::slice::from_ref(&loaded),
             &options,
             |_, _| {},
-        )?;
+        ))?;
         for outcome in &report.suites {
             cases_run += outcome.cases_run;
             let broken = outcome

@@ -14,11 +14,12 @@
 //!    one fleet run each (a run takes longer than the wire search's whole time to a failure).
 
 use racecert::env::TestBed;
-use racecert::schedule::fleet::{FleetSettings, run_fleet};
-use racecert::schedule::wire::{WireScheduleFile, WireSearch, WireSettings, run_wire, search};
+use racecert::runner::fleet::{FleetSettings, run_fleet};
+use racecert::runner::wire::{WireSearch, WireSettings, run_wire, search};
+use racecert::schedule::file::ScheduleFile;
 use std::time::{Duration, Instant};
 
-fn names(case: &racecert::schedule::controlled::CaseResult) -> Vec<String> {
+fn names(case: &racecert::check::CaseResult) -> Vec<String> {
     let mut names: Vec<String> = case
         .violations
         .iter()
@@ -63,10 +64,10 @@ async fn rate(bed: &TestBed, python: &str) -> anyhow::Result<()> {
     let wall = started.elapsed();
     println!(
         "{} cases in {:.1} s (search {:.1} s, with process start): {:.1} schedules/s; failures: {}",
-        report.cases,
+        report.cases_run,
         wall.as_secs_f64(),
         report.elapsed.as_secs_f64(),
-        f64::from(report.cases) / report.elapsed.as_secs_f64(),
+        f64::from(report.cases_run) / report.elapsed.as_secs_f64(),
         report.found.is_some()
     );
     Ok(())
@@ -85,21 +86,17 @@ async fn table(bed: &TestBed, python: &str, plan: &Plan) -> anyhow::Result<()> {
         for seed in plan.seeds.clone() {
             let report = search(bed, &settings, &WireSearch::default_for(seed), |_| {}).await?;
             let (cases, after, steps, same, broke) = match &report.found {
-                None => (report.cases, None, 0, 0, Vec::new()),
+                None => (report.cases_run, None, 0, 0, Vec::new()),
                 Some(found) => {
                     let path = dir.join(format!("{}-{seed}.json", flag.trim_start_matches('-')));
-                    WireScheduleFile::of(&settings, &found.shrunk).write(&path)?;
-                    let file = WireScheduleFile::read(&path)?;
+                    settings.file(&found.shrunk).write(&path)?;
+                    let file = ScheduleFile::read(&path)?;
+                    let (replayed, schedule, trace) =
+                        WireSettings::of_file(&file, Some(&command)).expect("a wire schedule file");
                     let broke = names(&found.shrunk.case);
                     let mut same = 0;
                     for _ in 0..10 {
-                        let again = run_wire(
-                            bed,
-                            &file.settings(&command),
-                            &file.schedule,
-                            Some(&file.trace),
-                        )
-                        .await?;
+                        let again = run_wire(bed, &replayed, schedule, Some(trace)).await?;
                         if again.divergence.is_none() && names(&again.case) == broke {
                             same += 1;
                         } else {
@@ -112,8 +109,8 @@ async fn table(bed: &TestBed, python: &str, plan: &Plan) -> anyhow::Result<()> {
                         }
                     }
                     (
-                        found.case,
-                        Some(found.after),
+                        found.found_after.0,
+                        Some(found.found_after.1),
                         found.shrunk.schedule.steps.len(),
                         same,
                         broke,

@@ -20,8 +20,8 @@ use racecert::contract::worker::{BackendEndpoint, Infra};
 use racecert::contract::worker::{BoxFuture, WorkerContext, WorkerFactory, WorkerUnderTest};
 use racecert::contract::{CONSUMER_GROUP, InferRequest, InferResponse, Keys};
 use racecert::env::TestBed;
-use racecert::schedule::controlled::Controller;
-use racecert::schedule::explore::{ExploreConfig, explore};
+use racecert::runner::controlled::Controller;
+use racecert::runner::explore::{ExploreConfig, explore};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -245,8 +245,8 @@ fn main() -> anyhow::Result<()> {
             seed,
             ..ExploreConfig::default()
         };
-        let report = explore(runtime.handle(), &controller, &suite.space, &config)?;
-        match &report.counterexample {
+        let report = runtime.block_on(explore(&controller, &suite.space, &config))?;
+        match &report.found {
             None => {
                 println!(
                     "TeamWorker passed suite {} ({} cases, {:.1?}); consumer group {CONSUMER_GROUP}",

@@ -7,29 +7,40 @@
 //! through a Toxiproxy fault proxy, and each model version is a wiremock backend.
 //!
 //! ## Map of the modules, bottom layer first
-//! No module imports a layer above it (the `layering` test below checks it).
+//! No module imports a layer above it, and the evidence the judge reads lives below the test bed
+//! (the `layering` test below checks both).
 //! - [`contract`]: what every worker under test agrees to: schema (jobs table + audit trigger),
 //!   Redis key names ([`contract::layout`]), job statuses and log lines ([`contract::log`]),
 //!   checkpoints, deliveries, defects, and the [`contract::worker`] trait a team implements.
-//! - [`fault`]: the fault vocabulary and the one place faults are applied ([`fault::apply`]).
+//! - [`fault`]: the one fault vocabulary (network, backend, process, rollout and framework kinds)
+//!   and the one place faults are applied ([`fault::apply`]) over a runner's [`fault::Plane`].
+//! - [`wire`]: the evidence on the wire: Redis (RESP2/3), PostgreSQL v3 and HTTP framed into
+//!   round trips ([`wire::RoundTrip`], attributed as [`wire::WireEvent`]s), backend journal
+//!   entries, and the holder interface that lets a schedule hold a round trip.
+//! - [`history`]: what happened, in real order: the one [`history::Recorder`] every runner uses,
+//!   the audit trail (each write attributed to the connection that carried it), the backend
+//!   journals, the wire events.
+//! - [`check`]: the one judge: the invariants, each with the evidence that proves a violation,
+//!   and fault coverage (which faults landed on their target), both read off a history.
 //! - [`env`](mod@env): the test bed: images built offline, containers, the fault proxy (Toxiproxy's
 //!   API on the vendored noxious engine), the wiremock model backends, per-worker links whose round
-//!   trips are framed on the wire ([`env::wire`], [`env::links`]), Python environments, the reaper.
+//!   trips are framed ([`env::links`]), Python environments, the reaper.
 //! - [`reference`](mod@reference): the seed's pipeline done right (submit, queue, worker,
 //!   cutover), one implementation of the contract, with a switch per root cause.
-//! - [`history`]: what happened, in real order: the one [`history::Recorder`] every runner uses,
-//!   the audit trail, the backend journals, the wire events.
-//! - [`check`]: the invariants, each with the evidence that proves a violation; fault coverage.
-//! - [`schedule`]: runners that produce a history: controlled (deterministic, at checkpoints),
-//!   chaos (free-running, in process), fleet (worker processes); proptest exploration with
-//!   shrinking; schedule files.
-//! - [`report`]: terminal, JSON, JUnit XML and HTML/SVG reports.
 //! - [`system`]: system descriptions (TOML file or Rust builder) of workers racecert did not
-//!   write, and the framework presets (Celery, apalis).
+//!   write, and the framework presets (Celery, apalis): which fault kinds each has.
+//! - [`schedule`]: the one schedule type ([`schedule::Schedule`], generic over a runner's steps),
+//!   the one search ([`schedule::search`]: proptest generation, corpus mutation, depth-bounded
+//!   enumeration, PCT), the one shrinker ([`schedule::shrink`]) and the one schedule file
+//!   ([`schedule::file`]).
+//! - [`runner`]: the planes the search drives, each handing a history to the judge: controlled
+//!   (in process, at checkpoints), chaos (in process, free running), fleet (worker processes),
+//!   wire (worker processes held at their round trips), system (a team's own worker).
+//! - [`report`]: terminal, JSON, JUnit XML and HTML/SVG reports.
 //! - [`suite`]: suite files and the certify runner.
 //! - [`replay`]: incident logs -> story, diagnoses with their lines, schedules that reproduce them.
-//! - [`smoke`]: the smoke scenario behind `racecert smoke`; [`error`], [`interrupt`]: the error
-//!   type and Ctrl-C / SIGTERM handling.
+//! - [`smoke`]: the smoke scenario behind `racecert smoke`; [`cli`]: the commands of the binary;
+//!   [`error`], [`interrupt`]: the error type and Ctrl-C / SIGTERM handling.
 //!
 //! ## Where to find it, in one hop
 //! | looking for | here |
@@ -39,7 +50,8 @@
 //! | a checkpoint (where the controller can hold a worker) | [`contract::checkpoint::Checkpoint`] |
 //! | a root cause planted in the reference worker | [`contract::defect::Defect`] |
 //! | a suite (workers, faults, budget, invariants) | [`suite::Suite`], files in [`suite::file`] |
-//! | a runner | [`schedule::controlled::Controller`], [`schedule::explore::explore`], [`schedule::chaos::run_chaos`], [`schedule::fleet::run_fleet`] |
+//! | a runner | [`runner::controlled::Controller`], [`runner::chaos::run_chaos`], [`runner::fleet::run_fleet`], [`runner::wire::WireRunner`], [`runner::system::run_system`] |
+//! | the search and the shrinker | [`schedule::search::explore`] ([`runner::explore::explore`] for a suite), [`schedule::shrink::shrink`] |
 //! | a schedule and its file | [`schedule::Schedule`], [`schedule::file::ScheduleFile`] |
 //! | the recorded history | [`history::History`] |
 //! | plugging in a worker | [`contract::worker::WorkerUnderTest`], [`contract::worker::WorkerFactory`] |
@@ -50,8 +62,8 @@
 //! reference worker, a shipped suite is certified like this:
 //! ```no_run
 //! use racecert::env::TestBed;
-//! use racecert::schedule::controlled::Controller;
-//! use racecert::schedule::explore::{ExploreConfig, explore};
+//! use racecert::runner::controlled::Controller;
+//! use racecert::runner::explore::{ExploreConfig, explore};
 //!
 //! # fn demo() -> anyhow::Result<()> {
 //! let runtime = tokio::runtime::Runtime::new()?;
@@ -63,8 +75,8 @@
 //! // suite.settings.factory = Arc::new(YourFactory); // your WorkerUnderTest instead
 //! let controller = runtime.block_on(Controller::new(&bed, suite.settings.clone()))?;
 //! let config = ExploreConfig { cases: 64, seed: 1, ..ExploreConfig::default() };
-//! let report = explore(runtime.handle(), &controller, &suite.space, &config)?;
-//! if let Some(found) = &report.counterexample {
+//! let report = runtime.block_on(explore(&controller, &suite.space, &config))?;
+//! if let Some(found) = &report.found {
 //!     println!("{}", racecert::report::counterexample_text(found, 1, "cargo test"));
 //! }
 //! runtime.block_on(bed.shutdown());
@@ -88,6 +100,7 @@
 #![deny(missing_docs)]
 
 pub mod check;
+pub mod cli;
 pub mod contract;
 pub mod env;
 pub mod error;
@@ -97,10 +110,12 @@ pub mod interrupt;
 pub mod reference;
 pub mod replay;
 pub mod report;
+pub mod runner;
 pub mod schedule;
 pub mod smoke;
 pub mod suite;
 pub mod system;
+pub mod wire;
 
 pub use error::{Error, Result};
 
@@ -114,17 +129,59 @@ mod layering {
         ("interrupt", 0),
         ("contract", 0),
         ("fault", 5),
+        ("wire", 7),
         ("env", 10),
         ("reference", 20),
         ("system", 25),
         ("history", 30),
         ("check", 40),
         ("schedule", 50),
+        ("runner", 55),
         ("report", 60),
         ("suite", 65),
         ("replay", 70),
         ("smoke", 75),
+        ("cli", 80),
     ];
+
+    /// Imports the ranks alone would allow but the architecture forbids: the evidence the judge
+    /// reads lives below the test bed, so `history` and `check` are pure data over it; a system
+    /// description knows the test bed, never racecert's own worker.
+    const FORBIDDEN: &[(&str, &[&str])] = &[
+        (
+            "history",
+            &[
+                "env",
+                "reference",
+                "system",
+                "schedule",
+                "runner",
+                "suite",
+                "report",
+                "replay",
+            ],
+        ),
+        (
+            "check",
+            &[
+                "env",
+                "reference",
+                "system",
+                "schedule",
+                "runner",
+                "suite",
+                "report",
+                "replay",
+            ],
+        ),
+        ("system", &["reference"]),
+    ];
+
+    fn forbidden(module: &str, used: &str) -> bool {
+        FORBIDDEN
+            .iter()
+            .any(|(m, banned)| *m == module && banned.contains(&used))
+    }
 
     fn rank(module: &str) -> Option<u32> {
         RANKS.iter().find(|(m, _)| *m == module).map(|(_, r)| *r)
@@ -174,7 +231,7 @@ mod layering {
                         .take_while(|c| c.is_ascii_lowercase() || *c == '_')
                         .collect();
                     if let Some(theirs) = rank(&used)
-                        && theirs > own
+                        && (theirs > own || forbidden(top, &used))
                     {
                         upward.push(format!(
                             "{}:{}: {top} uses {used}: {}",

@@ -19,6 +19,8 @@ pub struct Coverage {
     pub faults: BTreeMap<FaultKind, (u32, u32)>,
     /// What the runs reached (the union over merged runs).
     pub reached: BTreeSet<Reach>,
+    /// Kinds that cannot apply where they were sent, and why (never counted as applied).
+    pub not_applicable: BTreeMap<FaultKind, String>,
 }
 
 /// Something a run reached, as the signal of coverage-guided exploration. Checkpoints are the
@@ -88,6 +90,11 @@ impl Coverage {
             entry.1 += landed;
         }
         self.reached.extend(other.reached.iter().cloned());
+        for (kind, why) in &other.not_applicable {
+            self.not_applicable
+                .entry(*kind)
+                .or_insert_with(|| why.clone());
+        }
     }
 
     /// How many of `other`'s reached features this coverage lacks.
@@ -321,6 +328,14 @@ pub fn coverage(history: &History) -> Coverage {
                         if counted {
                             coverage.applied_kind(*kind, false);
                         }
+                    }
+                    // Landed or not is judged from what followed it (framework_landings).
+                    Effect::FrameworkFault { .. } => {}
+                    Effect::NotApplicable { kind, why } => {
+                        coverage
+                            .not_applicable
+                            .entry(*kind)
+                            .or_insert_with(|| why.clone());
                     }
                 }
             }

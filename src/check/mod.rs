@@ -7,7 +7,7 @@ pub mod coverage;
 mod wire;
 
 use crate::contract::log::Status;
-use crate::contract::{JobStatus, output_version};
+use crate::contract::output_version;
 use crate::fault::Effect;
 use crate::history::{AuditRow, EventKind, History};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -128,7 +128,7 @@ impl FromStr for Invariant {
 }
 
 /// A broken invariant.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Violation {
     /// Which invariant.
     pub invariant: Invariant,
@@ -188,7 +188,7 @@ fn by_key(audit: &[AuditRow]) -> BTreeMap<&str, Vec<&AuditRow>> {
 
 fn at_most_one_final_write(history: &History) -> Vec<Violation> {
     let mut per_request: BTreeMap<String, Vec<&AuditRow>> = BTreeMap::new();
-    for row in history.audit.iter().filter(|r| r.is_final_write()) {
+    for row in history.audit.iter().filter(|r| history.is_final(r)) {
         let request = history
             .request_of(&row.idempotency_key)
             .unwrap_or(&row.idempotency_key)
@@ -211,13 +211,13 @@ fn generations_increase(history: &History) -> Vec<Violation> {
     for (key, rows) in by_key(&history.audit) {
         for pair in rows.windows(2) {
             let (before, after) = (pair[0], pair[1]);
-            if after.new_generation <= before.new_generation {
+            let (Some(was), Some(now)) = (before.new_generation, after.new_generation) else {
+                continue;
+            };
+            if now <= was {
                 violations.push(Violation {
                     invariant: Invariant::GenerationsIncrease,
-                    observed: format!(
-                        "key {key}: generation went from {} to {}",
-                        before.new_generation, after.new_generation
-                    ),
+                    observed: format!("key {key}: generation went from {was} to {now}"),
                     evidence: vec![before.describe(), after.describe()],
                 });
             }
@@ -230,7 +230,7 @@ fn no_non_owner_final_write(history: &History) -> Vec<Violation> {
     history
         .audit
         .iter()
-        .filter(|r| r.is_final_write())
+        .filter(|r| history.is_final(r))
         .filter(|r| {
             r.old_status.as_deref() != Some("IN_PROGRESS") || r.old_lease_token != r.new_lease_token
         })
@@ -252,16 +252,17 @@ fn result_names_its_version(history: &History) -> Vec<Violation> {
     history
         .audit
         .iter()
-        .filter(|r| r.new_status == "SUCCEEDED")
+        .filter(|r| history.is_final(r))
         .filter_map(|r| {
-            let produced = r.output.as_deref().and_then(output_version);
-            (produced != r.new_model_version.as_deref()).then(|| Violation {
+            // Judged where both sides speak: the output names the version that produced it (the
+            // backends' outputs do) and the row names a version.
+            let produced = r.output.as_deref().and_then(output_version)?;
+            let named = r.new_model_version.as_deref()?;
+            (produced != named).then(|| Violation {
                 invariant: Invariant::ResultNamesItsVersion,
                 observed: format!(
-                    "key {}: record names {} but the output was produced by {}",
+                    "key {}: record names {named} but the output was produced by {produced}",
                     r.idempotency_key,
-                    r.new_model_version.as_deref().unwrap_or("-"),
-                    produced.unwrap_or("an unknown version"),
                 ),
                 evidence: vec![r.describe()],
             })
@@ -297,7 +298,7 @@ fn no_lost_job(history: &History) -> Vec<Violation> {
                 .jobs
                 .iter()
                 .find(|j| j.idempotency_key == request.idempotency_key);
-            let terminal = job.is_some_and(|j| j.status().is_ok_and(JobStatus::is_terminal));
+            let terminal = job.is_some_and(|j| history.is_terminal(&j.status));
             (!terminal).then(|| Violation {
                 invariant: Invariant::NoLostJob,
                 observed: format!(
@@ -385,6 +386,28 @@ fn event_line(event: &crate::history::Event) -> String {
     }
 }
 
+/// The result of one case.
+#[derive(Debug, Clone)]
+pub struct CaseResult {
+    /// What happened.
+    pub history: History,
+    /// Broken invariants.
+    pub violations: Vec<Violation>,
+    /// Which faults landed.
+    pub coverage: coverage::Coverage,
+}
+
+impl CaseResult {
+    /// Judges a history: the invariants, and which faults reached their target paths.
+    pub fn judge(history: History, invariants: &[Invariant]) -> CaseResult {
+        CaseResult {
+            violations: check(&history, invariants),
+            coverage: coverage::coverage(&history),
+            history,
+        }
+    }
+}
+
 /// Backend calls per request, from the journals (compute spent, for reports).
 pub fn backend_calls_per_request(history: &History) -> BTreeMap<String, usize> {
     let mut calls = BTreeMap::new();
@@ -434,7 +457,7 @@ mod tests {
             old_status: old.map(Into::into),
             new_status: new.into(),
             old_generation: old_gen,
-            new_generation: new_gen,
+            new_generation: Some(new_gen),
             old_model_version: None,
             new_model_version: version.map(Into::into),
             old_lease_token: old_tok.map(Into::into),
@@ -442,6 +465,10 @@ mod tests {
             worker_id: None,
             attempt: 1,
             output: output.map(Into::into),
+            txid: None,
+            backend_pid: None,
+            recorded_ms: None,
+            writer: None,
         }
     }
 

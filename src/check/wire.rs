@@ -7,10 +7,10 @@
 use super::{Invariant, Violation};
 use crate::contract::layout::KeyMatcher;
 use crate::contract::log::Status;
-use crate::env::links::WireEvent;
-use crate::env::wire::{RedisReply, Reply, Request, RoundTrip};
 use crate::fault::Effect;
 use crate::history::{Event, EventKind, History, Observation};
+use crate::wire::WireEvent;
+use crate::wire::{RedisReply, Reply, Request, RoundTrip};
 use regex::Regex;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::OnceLock;
@@ -47,7 +47,7 @@ fn proof(event: &Event, wire: &WireEvent, namespace: Option<&str>) -> String {
     )
 }
 
-fn redis(trip: &RoundTrip) -> Option<(&crate::env::wire::RedisCommand, Option<&RedisReply>)> {
+fn redis(trip: &RoundTrip) -> Option<(&crate::wire::RedisCommand, Option<&RedisReply>)> {
     match (&trip.request, &trip.reply) {
         (Request::Redis(command), Some(Reply::Redis(reply))) => Some((command, Some(reply))),
         (Request::Redis(command), None) => Some((command, None)),
@@ -410,7 +410,7 @@ pub(super) fn compute_waste_bounded(history: &History, keys: &KeyMatcher) -> Vec
 mod tests {
     use super::*;
     use crate::contract::layout::KeyLayout;
-    use crate::env::wire::RedisCommand;
+    use crate::wire::RedisCommand;
 
     fn redis_trip(
         worker: &str,

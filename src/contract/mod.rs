@@ -252,3 +252,31 @@ mod tests {
         assert!("DONE".parse::<JobStatus>().is_err());
     }
 }
+
+/// A job row as stored.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Deserialize)]
+pub struct JobRow {
+    /// Idempotency key.
+    pub idempotency_key: String,
+    /// Request id.
+    pub request_id: String,
+    /// Status.
+    pub status: String,
+    /// Generation.
+    pub generation: i64,
+    /// Version that produced the output.
+    pub model_version: Option<String>,
+    /// The output.
+    pub output: Option<String>,
+    /// Lease token of the last writer.
+    pub lease_token: Option<String>,
+    /// Worker of the last writer.
+    pub worker_id: Option<String>,
+}
+
+impl JobRow {
+    /// The parsed status.
+    pub fn status(&self) -> crate::Result<JobStatus> {
+        self.status.parse()
+    }
+}

@@ -47,6 +47,11 @@ CREATE TABLE IF NOT EXISTS inference_jobs_audit (
 -- Taking both locks first, in the workers' order, is what keeps the two from deadlocking.
 LOCK TABLE inference_jobs, inference_jobs_audit IN ACCESS EXCLUSIVE MODE;
 
+-- The server process of the connection that wrote: on the wire, each connection's startup names
+-- its process (BackendKeyData), so a write is attributed to the worker whose connection carried
+-- it, whatever columns the writer chose to set. (Added to tables of older schemas too.)
+ALTER TABLE inference_jobs_audit ADD COLUMN IF NOT EXISTS backend_pid INTEGER NOT NULL DEFAULT pg_backend_pid();
+
 CREATE INDEX IF NOT EXISTS inference_jobs_audit_key ON inference_jobs_audit (idempotency_key, audit_id);
 
 CREATE OR REPLACE FUNCTION inference_jobs_audit_row() RETURNS trigger AS $$

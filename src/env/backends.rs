@@ -24,6 +24,7 @@
 //! shares private state (`Programs`) no other module should see.
 
 use crate::contract::{InferRequest, InferResponse, model_output};
+use crate::wire::JournalEntry;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -399,19 +400,6 @@ impl PartialEq for Stalls {
     fn eq(&self, other: &Stalls) -> bool {
         self.0.same_as(&other.0)
     }
-}
-
-/// One call as the backend received it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct JournalEntry {
-    /// Position in the backend's journal (arrival order).
-    pub seq: usize,
-    /// The backend's name.
-    pub backend: String,
-    /// The version it serves.
-    pub model_version: String,
-    /// The parsed call (None if the body was not a call of the backend's API).
-    pub request: Option<InferRequest>,
 }
 
 impl ModelBackend {

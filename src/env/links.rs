@@ -4,9 +4,9 @@
 //! [`WireRoute`] says whose round trips it carries right now.
 
 use crate::env::proxy::{FaultProxy, Proxy};
-use crate::env::wire::{Holder, Request, RoundTrip, Sink};
+use crate::wire::{Holder, Request, RoundTrip, Sink, WireEvent, WireListener};
 use futures::future::BoxFuture;
-use serde::{Deserialize, Serialize};
+
 use std::sync::{Arc, RwLock};
 
 /// A proxy made for one case, deleted when dropped.
@@ -110,6 +110,20 @@ impl CaseLinks {
         out
     }
 
+    /// The server processes of the Postgres connections made through these links (recorded
+    /// links only), oldest first.
+    pub fn backend_pids(&self) -> Vec<i32> {
+        self.route.as_ref().map_or_else(Vec::new, |route| {
+            route
+                .pids
+                .lock()
+                .expect("poisoned")
+                .iter()
+                .copied()
+                .collect()
+        })
+    }
+
     /// Whether the links are recorded.
     pub fn is_recorded(&self) -> bool {
         self.route.is_some()
@@ -133,20 +147,6 @@ impl CaseLinks {
     }
 }
 
-/// One round trip, attributed: which worker sent it, to which service.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct WireEvent {
-    /// The worker whose links carried it.
-    pub worker: String,
-    /// `redis`, `postgres`, or `backend:{version}`.
-    pub service: String,
-    /// The round trip.
-    pub trip: RoundTrip,
-}
-
-/// Receives a link set's round trips (a run's recorder).
-pub type WireListener = Arc<dyn Fn(WireEvent) + Send + Sync>;
-
 /// Where a link set's round trips go now: a link set serves one worker of one case at a time.
 #[derive(Default)]
 pub struct WireRoute {
@@ -156,7 +156,14 @@ pub struct WireRoute {
     /// The taps ask [`WireRoute::holder`] (set at creation: a tap that may hold frames a request
     /// whole before forwarding it, which links that never hold need not pay for).
     pub(crate) holdable: bool,
+    /// The server processes of the Postgres connections made through these links, recorded or
+    /// not, newest last (bounded): a trigger's `pg_backend_pid()` names one of them when these
+    /// links carried the write.
+    pids: std::sync::Mutex<std::collections::VecDeque<i32>>,
 }
+
+/// Server processes a link set remembers (a worker's reconnects after partitions and restarts).
+const PIDS_KEPT: usize = 256;
 
 impl std::fmt::Debug for WireRoute {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -221,6 +228,15 @@ struct RouteSink {
 
 impl Sink for RouteSink {
     fn round_trip(&self, trip: RoundTrip) {
+        if let Request::Postgres(crate::wire::PgRequest::Startup(startup)) = &trip.request
+            && let Some(pid) = startup.backend_pid
+        {
+            let mut pids = self.route.pids.lock().expect("poisoned");
+            if pids.len() >= PIDS_KEPT {
+                pids.pop_front();
+            }
+            pids.push_back(pid);
+        }
         let current = self.route.current.read().expect("poisoned");
         if let Some((worker, listener)) = current.as_ref() {
             listener(WireEvent {

@@ -26,9 +26,9 @@ pub mod links;
 pub mod proxy;
 pub mod python;
 pub mod reaper;
-pub mod wire;
 
 use crate::contract::SCHEMA_SQL;
+use crate::wire;
 use crate::{Error, Result};
 use backends::ModelBackend;
 use containers::{Network, NetworkChoice, ServiceContainer, wait_ready};
@@ -680,6 +680,15 @@ impl TestBed {
     /// The backend serving `version`.
     pub fn backend(&self, version: &str) -> Result<&ModelBackend> {
         Ok(&self.backends[self.backend_index(version)?].server)
+    }
+
+    /// The calls of a case that is over (its key prefix), taken out of every backend's journal:
+    /// the journals hold the cases in flight, not every case so far.
+    pub fn take_journals(&self, case_prefix: &str) -> Vec<crate::wire::JournalEntry> {
+        self.backends
+            .iter()
+            .flat_map(|b| b.server.take_journal(case_prefix))
+            .collect()
     }
 
     /// The shared proxy in front of the backend serving `version`.

@@ -86,6 +86,14 @@ pub enum Fault {
         /// How many calls fail.
         calls: u64,
     },
+    /// A fault of a framework's own machinery ([`FaultKind::is_framework`]), aimed at worker
+    /// `worker`: the one holding the case's request.
+    Framework {
+        /// Which one.
+        kind: FaultKind,
+        /// Index of the worker it aims at.
+        worker: usize,
+    },
 }
 
 impl Fault {
@@ -104,6 +112,7 @@ impl Fault {
             Fault::BackendFailure { .. } | Fault::RecoverBackend { .. } => {
                 FaultKind::BackendFailure
             }
+            Fault::Framework { kind, .. } => *kind,
         }
     }
 }
@@ -126,6 +135,7 @@ impl fmt::Display for Fault {
                 status,
                 calls,
             } => write!(f, "backend {version} fails {calls} call(s) with {status}"),
+            Fault::Framework { kind, worker } => write!(f, "{kind} at worker #{worker}"),
         }
     }
 }
@@ -152,11 +162,30 @@ pub enum FaultKind {
     CacheInvalidationLag,
     /// Backend HTTP failures.
     BackendFailure,
+    /// Celery: the model call outlives the broker's `visibility_timeout`; a restore sweep hands
+    /// the delivery to a worker again while the first attempt still runs.
+    VisibilityOutlived,
+    /// Celery: the delivery's score in kombu's `unacked_index` is aged, so the next restore sweep
+    /// pushes it back onto the queue while its first attempt still runs.
+    ForcedRestore,
+    /// Celery: SIGKILL of the pool child running the task.
+    KillPoolChild,
+    /// SIGKILL of the worker's main process mid-call, then a restart under the same worker name
+    /// (apalis: the same-name restart whose orphans are never recovered).
+    KillMain,
+    /// Celery: SIGTERM (warm shutdown) mid-task, then a restart.
+    WarmShutdown,
+    /// apalis: the worker stops (SIGSTOP) mid-call past its heartbeat deadline, so another
+    /// worker requeues its job; it resumes after the requeued job ran.
+    HeartbeatMiss,
+    /// Celery: a worker with a prefetch multiplier above 1 reserves the request behind a slow
+    /// task; the reserved delivery outlives `visibility_timeout` and a sweep restores it.
+    PrefetchRestore,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 9] = [
+    pub const ALL: [FaultKind; 16] = [
         FaultKind::UpstreamTimeout,
         FaultKind::RetryOverlap,
         FaultKind::LeaseExpiry,
@@ -166,6 +195,25 @@ impl FaultKind {
         FaultKind::Cutover,
         FaultKind::CacheInvalidationLag,
         FaultKind::BackendFailure,
+        FaultKind::VisibilityOutlived,
+        FaultKind::ForcedRestore,
+        FaultKind::KillPoolChild,
+        FaultKind::KillMain,
+        FaultKind::WarmShutdown,
+        FaultKind::HeartbeatMiss,
+        FaultKind::PrefetchRestore,
+    ];
+
+    /// The kinds a framework's own machinery has (a team's system, `certify --system`); which of
+    /// them a framework has is its preset's business (`system::preset`).
+    pub const FRAMEWORK: [FaultKind; 7] = [
+        FaultKind::VisibilityOutlived,
+        FaultKind::ForcedRestore,
+        FaultKind::KillPoolChild,
+        FaultKind::KillMain,
+        FaultKind::WarmShutdown,
+        FaultKind::HeartbeatMiss,
+        FaultKind::PrefetchRestore,
     ];
 
     /// kebab-case name.
@@ -180,6 +228,13 @@ impl FaultKind {
             FaultKind::Cutover => "cutover",
             FaultKind::CacheInvalidationLag => "cache-invalidation-lag",
             FaultKind::BackendFailure => "backend-failure",
+            FaultKind::VisibilityOutlived => "visibility-outlived",
+            FaultKind::ForcedRestore => "forced-restore",
+            FaultKind::KillPoolChild => "kill-pool-child",
+            FaultKind::KillMain => "kill-main",
+            FaultKind::WarmShutdown => "warm-shutdown",
+            FaultKind::HeartbeatMiss => "heartbeat-miss",
+            FaultKind::PrefetchRestore => "prefetch-restore",
         }
     }
 
@@ -195,7 +250,43 @@ impl FaultKind {
             FaultKind::Cutover => "the version switched while a job was in flight",
             FaultKind::CacheInvalidationLag => "a stale cache entry was read before invalidation",
             FaultKind::BackendFailure => "a backend call failed with an HTTP error",
+            FaultKind::VisibilityOutlived => {
+                "the framework redelivered the job while its first attempt still ran"
+            }
+            FaultKind::ForcedRestore => {
+                "the restore sweep pushed the delivery back while its first attempt still ran"
+            }
+            FaultKind::KillPoolChild => "the pool child running the job was killed mid-job",
+            FaultKind::KillMain => "the worker process holding the job was killed mid-job",
+            FaultKind::WarmShutdown => "the worker holding the job was told to stop mid-job",
+            FaultKind::HeartbeatMiss => {
+                "another worker took the job of a worker that stopped heartbeating mid-job"
+            }
+            FaultKind::PrefetchRestore => {
+                "a delivery reserved behind a slow task was restored to another worker"
+            }
         }
+    }
+
+    /// Whether the kind is a framework's own machinery (a team's system only).
+    pub fn is_framework(self) -> bool {
+        FaultKind::FRAMEWORK.contains(&self)
+    }
+}
+
+impl std::str::FromStr for FaultKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<FaultKind, String> {
+        FaultKind::ALL
+            .into_iter()
+            .find(|kind| kind.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown fault {s:?} (one of: {})",
+                    FaultKind::ALL.map(FaultKind::name).join(", ")
+                )
+            })
     }
 }
 
@@ -285,6 +376,23 @@ pub enum Effect {
         /// Its version.
         version: String,
     },
+    /// A framework fault did what it does.
+    FrameworkFault {
+        /// Its kind.
+        kind: FaultKind,
+        /// The worker it aimed at.
+        worker: String,
+        /// What was done, in a phrase (for timelines and diagrams).
+        detail: String,
+    },
+    /// The fault cannot apply here (this runner, or this system as described): it is never
+    /// counted as applied, and reports say why.
+    NotApplicable {
+        /// The kind of the fault.
+        kind: FaultKind,
+        /// Why.
+        why: String,
+    },
     /// Nothing happened: the fault had no target (no such request yet, no cutover to invalidate,
     /// a worker with nothing in hand), and the history says so.
     Missed {
@@ -310,6 +418,8 @@ impl Effect {
             Effect::WorkerCrashed { .. } => "worker_crashed",
             Effect::WorkerPaused { .. } => "worker_paused",
             Effect::BackendRecovered { .. } => "backend_recovered",
+            Effect::FrameworkFault { .. } => "framework_fault",
+            Effect::NotApplicable { .. } => "fault_not_applicable",
             Effect::Missed { .. } => "fault_missed",
         }
     }
@@ -325,8 +435,10 @@ impl Effect {
             Effect::UpstreamSlow { .. } => FaultKind::UpstreamTimeout,
             Effect::BackendFailing { .. } => FaultKind::BackendFailure,
             Effect::WorkerCrashed { .. } => FaultKind::WorkerCrash,
-            Effect::Missed { kind, .. } => *kind,
-            Effect::Healed { .. } | Effect::BackendRecovered { .. } => return None,
+            Effect::Missed { kind, .. } | Effect::FrameworkFault { kind, .. } => *kind,
+            Effect::Healed { .. }
+            | Effect::BackendRecovered { .. }
+            | Effect::NotApplicable { .. } => return None,
         })
     }
 
@@ -372,7 +484,18 @@ impl Effect {
                 vec![("worker_id", worker.clone()), ("ms", ms.to_string())]
             }
             Effect::BackendRecovered { version } => vec![("model_version", version.clone())],
-            Effect::Missed { kind, why } => vec![("fault", kind.to_string()), ("why", why.clone())],
+            Effect::FrameworkFault {
+                kind,
+                worker,
+                detail,
+            } => vec![
+                ("fault", kind.to_string()),
+                ("worker_id", worker.clone()),
+                ("detail", detail.clone()),
+            ],
+            Effect::Missed { kind, why } | Effect::NotApplicable { kind, why } => {
+                vec![("fault", kind.to_string()), ("why", why.clone())]
+            }
         }
     }
 }
@@ -391,56 +514,184 @@ impl fmt::Display for Effect {
 /// workers. Each runner gives its own (workers parked at checkpoints, free-running tasks, worker
 /// processes); [`apply`] decides what to do with them.
 pub trait Plane: Send {
+    /// The id of worker `worker` (indices wrap around the case's workers).
+    fn worker_id(&self, worker: usize) -> String;
+    /// The workers' backend timeout: an upstream timeout delays the backend past it.
+    fn backend_timeout(&self) -> Duration;
     /// The idempotency key of the case's request `request` (None: no such request).
-    fn request_key(&self, request: usize) -> Option<String>;
+    fn request_key(&self, request: usize) -> Option<String> {
+        let _ = request;
+        None
+    }
     /// Deletes the lease of `key` now; whether one was held.
-    fn expire_lease(&mut self, key: &str) -> impl Future<Output = Result<bool>> + Send;
+    fn expire_lease(&mut self, key: &str) -> impl Future<Output = Result<bool>> + Send {
+        let _ = key;
+        async { Err(unsupported("expiring a lease")) }
+    }
     /// Restarts Redis and waits until it answers again.
-    fn restart_redis(&mut self) -> impl Future<Output = Result<()>> + Send;
+    fn restart_redis(&mut self) -> impl Future<Output = Result<()>> + Send {
+        async { Err(unsupported("restarting Redis")) }
+    }
     /// Cuts (`cut`) or heals the case's link to `target`.
     fn set_link(
         &mut self,
         target: PartitionTarget,
         cut: bool,
-    ) -> impl Future<Output = Result<()>> + Send;
+    ) -> impl Future<Output = Result<()>> + Send {
+        let _ = (target, cut);
+        async { Err(unsupported("cutting a link")) }
+    }
     /// Switches the active model version; returns the previous one.
-    fn cutover(&mut self, to: &str) -> impl Future<Output = Result<Option<String>>> + Send;
+    fn cutover(&mut self, to: &str) -> impl Future<Output = Result<Option<String>>> + Send {
+        let _ = to;
+        async { Err(unsupported("a cutover")) }
+    }
     /// Runs the last cutover's late cache invalidation; how many entries it deleted (None: there
     /// was nothing to invalidate).
-    fn invalidate_cache(&mut self) -> impl Future<Output = Result<Option<u64>>> + Send;
-    /// The workers' backend timeout: an upstream timeout delays the backend past it.
-    fn backend_timeout(&self) -> Duration;
+    fn invalidate_cache(&mut self) -> impl Future<Output = Result<Option<u64>>> + Send {
+        async { Err(unsupported("a cache invalidation")) }
+    }
     /// Delays `version`'s backend answers by `delay` for the case (until healed).
     fn slow_backend(
         &mut self,
         version: &str,
         delay: Duration,
-    ) -> impl Future<Output = Result<()>> + Send;
+    ) -> impl Future<Output = Result<()>> + Send {
+        let _ = (version, delay);
+        async { Err(unsupported("slowing a backend")) }
+    }
     /// Makes `version`'s backend answer the case normally again.
-    fn recover_backend(&mut self, version: &str) -> impl Future<Output = Result<()>> + Send;
+    fn recover_backend(&mut self, version: &str) -> impl Future<Output = Result<()>> + Send {
+        let _ = version;
+        async { Err(unsupported("recovering a backend")) }
+    }
     /// Fails `version`'s next `calls` backend calls of the case with HTTP `status`.
     fn fail_backend(
         &mut self,
         version: &str,
         status: u16,
         calls: u64,
-    ) -> impl Future<Output = Result<()>> + Send;
-    /// The id of worker `worker` (indices wrap around the case's workers).
-    fn worker_id(&self, worker: usize) -> String;
+    ) -> impl Future<Output = Result<()>> + Send {
+        let _ = (version, status, calls);
+        async { Err(unsupported("failing a backend")) }
+    }
     /// Crashes worker `worker` where it is; returns where it was (a checkpoint, if known), or
     /// None when it had nothing in hand to crash.
     fn crash_worker(
         &mut self,
         worker: usize,
-    ) -> impl Future<Output = Result<Option<Option<String>>>> + Send;
+    ) -> impl Future<Output = Result<Option<Option<String>>>> + Send {
+        let _ = worker;
+        async { Err(unsupported("crashing a worker")) }
+    }
     /// Pauses worker `worker` for `pause`, then resumes it; false when the runner cannot pause.
     fn pause_worker(
         &mut self,
         worker: usize,
         pause: Duration,
-    ) -> impl Future<Output = Result<bool>> + Send;
+    ) -> impl Future<Output = Result<bool>> + Send {
+        let _ = (worker, pause);
+        async { Ok(false) }
+    }
     /// Undoes every lasting fault: links healed, backends answering normally.
-    fn heal_all(&mut self) -> impl Future<Output = Result<()>> + Send;
+    fn heal_all(&mut self) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Whether faults of `kind` can apply here; why not, if they cannot (the fault is then
+    /// recorded as not applicable, never as applied). By default every kind but the framework
+    /// ones, which only a team's system has.
+    fn can_apply(&self, kind: FaultKind) -> std::result::Result<(), String> {
+        if kind.is_framework() {
+            Err(format!(
+                "{kind} is a framework's own fault: it applies to a team's system"
+            ))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Lets the delivery of the job worker `worker` holds outlive the visibility timeout while its
+    /// call runs, then has another worker sweep (restore) it.
+    /// Returns what was done, in a phrase, or None when the worker had nothing to hit; called
+    /// only when [`Plane::can_apply`] allows [`FaultKind::VisibilityOutlived`].
+    fn outlive_visibility(
+        &mut self,
+        worker: usize,
+    ) -> impl Future<Output = Result<Option<String>>> + Send {
+        async move { Err(not_here(FaultKind::VisibilityOutlived, worker)) }
+    }
+
+    /// Ages the delivery worker `worker` holds in the broker's unacked index, then has another
+    /// worker sweep (restore) it.
+    /// Returns what was done, in a phrase, or None when the worker had nothing to hit; called
+    /// only when [`Plane::can_apply`] allows [`FaultKind::ForcedRestore`].
+    fn force_restore(
+        &mut self,
+        worker: usize,
+    ) -> impl Future<Output = Result<Option<String>>> + Send {
+        async move { Err(not_here(FaultKind::ForcedRestore, worker)) }
+    }
+
+    /// SIGKILLs the pool child of worker `worker` running the job.
+    /// Returns what was done, in a phrase, or None when the worker had nothing to hit; called
+    /// only when [`Plane::can_apply`] allows [`FaultKind::KillPoolChild`].
+    fn kill_pool_child(
+        &mut self,
+        worker: usize,
+    ) -> impl Future<Output = Result<Option<String>>> + Send {
+        async move { Err(not_here(FaultKind::KillPoolChild, worker)) }
+    }
+
+    /// SIGKILLs worker `worker`'s main process mid-job and restarts it under the same name.
+    /// Returns what was done, in a phrase, or None when the worker had nothing to hit; called
+    /// only when [`Plane::can_apply`] allows [`FaultKind::KillMain`].
+    fn kill_main(&mut self, worker: usize) -> impl Future<Output = Result<Option<String>>> + Send {
+        async move { Err(not_here(FaultKind::KillMain, worker)) }
+    }
+
+    /// Sends worker `worker` its stop signal (warm shutdown) mid-job, then restarts it.
+    /// Returns what was done, in a phrase, or None when the worker had nothing to hit; called
+    /// only when [`Plane::can_apply`] allows [`FaultKind::WarmShutdown`].
+    fn warm_shutdown(
+        &mut self,
+        worker: usize,
+    ) -> impl Future<Output = Result<Option<String>>> + Send {
+        async move { Err(not_here(FaultKind::WarmShutdown, worker)) }
+    }
+
+    /// Stops worker `worker` mid-job past its heartbeat deadline, until another worker took the
+    /// job; then resumes it.
+    /// Returns what was done, in a phrase, or None when the worker had nothing to hit; called
+    /// only when [`Plane::can_apply`] allows [`FaultKind::HeartbeatMiss`].
+    fn miss_heartbeats(
+        &mut self,
+        worker: usize,
+    ) -> impl Future<Output = Result<Option<String>>> + Send {
+        async move { Err(not_here(FaultKind::HeartbeatMiss, worker)) }
+    }
+
+    /// Lets the delivery worker `worker` reserved (prefetched) behind a slow task outlive the
+    /// visibility timeout, then has another worker sweep (restore) it.
+    /// Returns what was done, in a phrase, or None when the worker had nothing to hit; called
+    /// only when [`Plane::can_apply`] allows [`FaultKind::PrefetchRestore`].
+    fn restore_prefetched(
+        &mut self,
+        worker: usize,
+    ) -> impl Future<Output = Result<Option<String>>> + Send {
+        async move { Err(not_here(FaultKind::PrefetchRestore, worker)) }
+    }
+}
+
+/// A plane asked for what it said it cannot do ([`Plane::can_apply`] lied): a harness bug.
+fn unsupported(what: &str) -> crate::Error {
+    crate::Error::other(format!("{what} is not supported by this runner"))
+}
+
+fn not_here(kind: FaultKind, worker: usize) -> crate::Error {
+    crate::Error::other(format!(
+        "{kind} at worker #{worker}: this plane has no framework faults"
+    ))
 }
 
 /// How much slower than the workers' timeout an upstream-timeout fault makes a backend: enough
@@ -450,6 +701,12 @@ pub const UPSTREAM_TIMEOUT_MARGIN: Duration = Duration::from_millis(150);
 /// Applies `fault` to the case behind `plane` and returns what it did. The one place a fault is
 /// applied, whatever the runner.
 pub async fn apply<P: Plane>(fault: &Fault, plane: &mut P) -> Result<Effect> {
+    if let Err(why) = plane.can_apply(fault.kind()) {
+        return Ok(Effect::NotApplicable {
+            kind: fault.kind(),
+            why,
+        });
+    }
     Ok(match fault {
         Fault::ExpireLease { request } => match plane.request_key(*request) {
             Some(key) => {
@@ -520,6 +777,35 @@ pub async fn apply<P: Plane>(fault: &Fault, plane: &mut P) -> Result<Effect> {
                 None => Effect::Missed {
                     kind: FaultKind::WorkerCrash,
                     why: format!("{id} had nothing in hand to crash"),
+                },
+            }
+        }
+        Fault::Framework { kind, worker } => {
+            let id = plane.worker_id(*worker);
+            let done = match kind {
+                FaultKind::VisibilityOutlived => plane.outlive_visibility(*worker).await?,
+                FaultKind::ForcedRestore => plane.force_restore(*worker).await?,
+                FaultKind::KillPoolChild => plane.kill_pool_child(*worker).await?,
+                FaultKind::KillMain => plane.kill_main(*worker).await?,
+                FaultKind::WarmShutdown => plane.warm_shutdown(*worker).await?,
+                FaultKind::HeartbeatMiss => plane.miss_heartbeats(*worker).await?,
+                FaultKind::PrefetchRestore => plane.restore_prefetched(*worker).await?,
+                other => {
+                    return Ok(Effect::NotApplicable {
+                        kind: *other,
+                        why: format!("{other} is not a framework fault"),
+                    });
+                }
+            };
+            match done {
+                Some(detail) => Effect::FrameworkFault {
+                    kind: *kind,
+                    worker: id,
+                    detail,
+                },
+                None => Effect::Missed {
+                    kind: *kind,
+                    why: format!("{id} had nothing in hand for {kind}"),
                 },
             }
         }

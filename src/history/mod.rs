@@ -4,21 +4,22 @@
 //! journals. The checkers read only this.
 
 use crate::Result;
+use crate::contract::JobRow;
 use crate::contract::JobStatus;
 use crate::contract::layout::KeyLayout;
 use crate::contract::log::{Echo, LogLine, LogSink, Status};
-use crate::env::backends::JournalEntry;
-use crate::env::links::{WireEvent, WireListener};
 use crate::fault::Effect;
-use crate::reference::JobRow;
+use crate::wire::JournalEntry;
+use crate::wire::{WireEvent, WireListener};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// One row of `inference_jobs_audit`.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditRow {
     /// Order of the write.
     pub audit_id: i64,
@@ -32,8 +33,8 @@ pub struct AuditRow {
     pub new_status: String,
     /// Generation before.
     pub old_generation: Option<i64>,
-    /// Generation after.
-    pub new_generation: i64,
+    /// Generation after (None: the table has no generation column).
+    pub new_generation: Option<i64>,
     /// Version before.
     pub old_model_version: Option<String>,
     /// Version after.
@@ -48,6 +49,20 @@ pub struct AuditRow {
     pub attempt: i32,
     /// Output after the write.
     pub output: Option<String>,
+    /// The writing transaction.
+    #[serde(default)]
+    pub txid: Option<i64>,
+    /// The server process of the connection that wrote ([`History::attribute_writers`] maps
+    /// it to a worker through the connections' recorded startups).
+    #[serde(default)]
+    pub backend_pid: Option<i32>,
+    /// When it was written, Unix milliseconds (the database's clock).
+    #[serde(default)]
+    pub recorded_ms: Option<i64>,
+    /// The worker whose connection carried the write, from the wire (None: no wire, or a
+    /// connection the wire did not see: the harness's, a submitter's).
+    #[serde(default)]
+    pub writer: Option<String>,
 }
 
 impl AuditRow {
@@ -68,12 +83,16 @@ impl AuditRow {
             self.old_status.as_deref().unwrap_or("-"),
             self.new_status,
             self.old_generation.map_or("-".into(), |g| g.to_string()),
-            self.new_generation,
+            self.new_generation.map_or("-".into(), |g| g.to_string()),
             self.old_model_version.as_deref().unwrap_or("-"),
             self.new_model_version.as_deref().unwrap_or("-"),
             self.old_lease_token.as_deref().unwrap_or("-"),
             self.new_lease_token.as_deref().unwrap_or("-"),
-            self.worker_id.as_deref().unwrap_or("-"),
+            match (&self.writer, &self.worker_id) {
+                (Some(writer), _) => format!("{writer} (its connection)"),
+                (None, Some(column)) => column.clone(),
+                (None, None) => "-".into(),
+            },
         )
     }
 }
@@ -322,24 +341,26 @@ pub struct History {
     pub wire_recorded: bool,
     /// Where the system keeps leases and cache entries (the wire checks match keys with it).
     pub layout: KeyLayout,
+    /// The statuses that end a job, as the system spells them (empty: the contract's).
+    pub terminal: Vec<String>,
+    /// The server processes of the workers' Postgres connections, with the worker whose links
+    /// carried each (connections can outlive a case: their startups are then not in its events).
+    pub connections: BTreeMap<i32, String>,
 }
 
 /// Assembles the history of a run whose keys live under `prefix`: its events, plus the two
-/// sources no worker can bypass (the audit trail and every backend's journal) and the job rows.
-/// The run is over: its calls are taken out of the backends' journals.
+/// sources no worker can bypass (the audit trail, read here, and the backends' journals of the
+/// run's calls, which the caller took out of its backends) and the job rows.
 pub async fn collect(
-    bed: &crate::env::TestBed,
+    journal: Vec<JournalEntry>,
     pg: &PgPool,
     prefix: &str,
     events: Vec<Event>,
     requests: Vec<SubmittedRequest>,
+    connections: BTreeMap<i32, String>,
 ) -> Result<History> {
-    let mut journal = Vec::new();
-    for version in bed.versions() {
-        journal.extend(bed.backend(version)?.take_journal(prefix));
-    }
     let (audit, jobs) = read_rows(pg, prefix).await?;
-    Ok(History {
+    let mut history = History {
         events,
         audit,
         journal,
@@ -349,7 +370,11 @@ pub async fn collect(
         namespace: (!prefix.is_empty()).then(|| prefix.to_owned()),
         wire_recorded: false,
         layout: KeyLayout::contract(prefix),
-    })
+        terminal: Vec::new(),
+        connections,
+    };
+    history.attribute_writers();
+    Ok(history)
 }
 
 /// Reads the audit trail and the job rows of the keys under `prefix` in one statement (one round
@@ -366,7 +391,9 @@ pub async fn read_rows(pg: &PgPool, prefix: &str) -> Result<(Vec<AuditRow>, Vec<
             (SELECT coalesce(json_agg(a ORDER BY a.audit_id), '[]')::text FROM (
                 SELECT audit_id, idempotency_key, operation, old_status, new_status,
                        old_generation, new_generation, old_model_version, new_model_version,
-                       old_lease_token, new_lease_token, worker_id, attempt, output
+                       old_lease_token, new_lease_token, worker_id, attempt, output, txid,
+                       backend_pid,
+                       (extract(epoch FROM recorded_at) * 1000)::bigint AS recorded_ms
                 FROM inference_jobs_audit WHERE idempotency_key LIKE $1) a)",
     )
     .bind(format!("{}%", like_escape(prefix)))
@@ -412,6 +439,45 @@ const TIMELINE_FIELDS: [&str; 8] = [
 ];
 
 impl History {
+    /// Whether `status` ends a job: one of [`History::terminal`], or the contract's terminal
+    /// statuses.
+    pub fn is_terminal(&self, status: &str) -> bool {
+        if self.terminal.is_empty() {
+            status
+                .parse::<JobStatus>()
+                .is_ok_and(JobStatus::is_terminal)
+        } else {
+            self.terminal.iter().any(|t| t == status)
+        }
+    }
+
+    /// Whether an audited write is a final write: it moved the job into (or rewrote) a terminal
+    /// status.
+    pub fn is_final(&self, row: &AuditRow) -> bool {
+        self.is_terminal(&row.new_status)
+    }
+
+    /// Fills each audited write's [`AuditRow::writer`]: the worker whose connection's startup (in
+    /// the events, or [`History::connections`]) names the write's server process. Writes of connections the wire did not see (the
+    /// harness's own, a submitter's) keep none.
+    pub fn attribute_writers(&mut self) {
+        let mut by_pid = self.connections.clone();
+        for event in &self.events {
+            if let EventKind::Wire(wire) = &event.kind
+                && let crate::wire::Request::Postgres(crate::wire::PgRequest::Startup(startup)) =
+                    &wire.trip.request
+                && let Some(pid) = startup.backend_pid
+            {
+                // A later connection with the same process id is the one that counts (Postgres
+                // reuses ids of ended connections).
+                by_pid.insert(pid, wire.worker.clone());
+            }
+        }
+        for row in &mut self.audit {
+            row.writer = row.backend_pid.and_then(|pid| by_pid.get(&pid).cloned());
+        }
+    }
+
     /// The run as a timeline in the seed's log format: one line per worker event (worker,
     /// version, attempt, status) or fault, each prefixed by its step.
     pub fn timeline(&self) -> String {

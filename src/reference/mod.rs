@@ -19,40 +19,12 @@ use crate::contract::checkpoint::Checkpoints;
 use crate::contract::defect::Defects;
 use crate::contract::log::LogSink;
 use crate::contract::worker::{BackendEndpoint, Infra};
-use crate::contract::{JobStatus, Keys};
+use crate::contract::{JobRow, Keys};
 use crate::env::TestBed;
 use queue::Queue;
 use std::collections::BTreeMap;
 use submit::Api;
 use worker::{Worker, WorkerConfig, WorkerConfigBuilder};
-
-/// A job row as stored.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Deserialize)]
-pub struct JobRow {
-    /// Idempotency key.
-    pub idempotency_key: String,
-    /// Request id.
-    pub request_id: String,
-    /// Status.
-    pub status: String,
-    /// Generation.
-    pub generation: i64,
-    /// Version that produced the output.
-    pub model_version: Option<String>,
-    /// The output.
-    pub output: Option<String>,
-    /// Lease token of the last writer.
-    pub lease_token: Option<String>,
-    /// Worker of the last writer.
-    pub worker_id: Option<String>,
-}
-
-impl JobRow {
-    /// The parsed status.
-    pub fn status(&self) -> Result<JobStatus> {
-        self.status.parse()
-    }
-}
 
 /// The pipeline of one namespace on a test bed: API, queue, workers, log.
 pub struct Pipeline {

@@ -12,13 +12,14 @@
 use super::diagnose::Cause;
 use super::plan::{Plan, Shape, plan};
 use super::{Analysis, analyse};
+use crate::check::CaseResult;
 use crate::check::Invariant;
 use crate::contract::defect::{Defect, Defects};
 use crate::contract::log::{LogLine, Status};
 use crate::env::TestBed;
 use crate::fault::Effect;
 use crate::history::{EventKind, History};
-use crate::schedule::controlled::{CaseResult, CaseSettings, Controller};
+use crate::runner::controlled::{CaseSettings, Controller};
 use serde::Serialize;
 use std::collections::HashMap;
 

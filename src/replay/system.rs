@@ -3,7 +3,7 @@
 //! system's framework really has that re-create them ([`faults_for`]: a redelivery after the
 //! visibility timeout to `visibility-outlived` / `forced-restore`, a crash to `kill-pool-child` /
 //! `kill-main`, ...), those faults run as cases against the team's worker
-//! ([`crate::schedule::system::run_system`], one case per fault), and every diagnosis is reported
+//! ([`crate::runner::system::run_system`], one case per fault), and every diagnosis is reported
 //! as reproduced on the team's worker (with the case and its replay command), prevented by it, or
 //! not reproducible with that framework, with the reason.
 //!
@@ -14,7 +14,8 @@
 
 use super::{Analysis, Cause};
 use crate::contract::layout::KeyLayout;
-use crate::schedule::system::{Goal, SystemCase, SystemFault, SystemOutcome, replay_command};
+use crate::fault::FaultKind;
+use crate::runner::system::{Goal, SystemCase, SystemOutcome, replay_command};
 use crate::system::Framework;
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -35,9 +36,9 @@ pub fn faults_for(
     cause: Cause,
     framework: Framework,
     keys: &KeyLayout,
-) -> Result<(Vec<SystemFault>, &'static [&'static str]), &'static str> {
+) -> Result<(Vec<FaultKind>, &'static [&'static str]), &'static str> {
     use Cause::*;
-    use SystemFault::*;
+    use FaultKind::*;
     match (framework, cause) {
         // A lease that ran out while its attempt still ran: a redelivery during a long call
         // makes a second attempt meet the first one's lock, judged on the wire.
@@ -110,7 +111,7 @@ pub fn faults_to_run(
     analysis: &Analysis,
     framework: Framework,
     keys: &KeyLayout,
-) -> Vec<SystemFault> {
+) -> Vec<FaultKind> {
     let mut faults = Vec::new();
     for (mapped, _) in goals(analysis, framework, keys)
         .into_iter()
@@ -148,7 +149,7 @@ pub enum SystemVerdict {
         /// The case.
         case: u32,
         /// Its fault.
-        fault: SystemFault,
+        fault: FaultKind,
         /// The invariant it broke.
         broke: String,
         /// What was seen.
@@ -178,7 +179,7 @@ pub struct RanCase {
     /// Its number.
     pub case: u32,
     /// Its fault.
-    pub fault: SystemFault,
+    pub fault: FaultKind,
     /// Model calls of its request.
     pub model_calls: usize,
     /// Final writes of its request.
@@ -213,7 +214,7 @@ pub struct SystemReplay {
     /// Its framework.
     pub framework: String,
     /// The faults run, one case each.
-    pub faults: Vec<SystemFault>,
+    pub faults: Vec<FaultKind>,
     /// The run (absent when no diagnosis maps to a fault of the framework).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outcome: Option<SystemOutcome>,
@@ -332,7 +333,7 @@ impl SystemReplay {
                     {
                         drawn.push(*case);
                         let _ = writeln!(out, "  sequence diagram of case {case}:");
-                        for line in crate::schedule::system::sequence_text(c).lines() {
+                        for line in crate::runner::system::sequence_text(c).lines() {
                             let _ = writeln!(out, "    {line}");
                         }
                     }
@@ -376,7 +377,7 @@ impl SystemReplay {
     }
 }
 
-fn faults_to_run_of(cases: &[SystemCase]) -> Vec<SystemFault> {
+fn faults_to_run_of(cases: &[SystemCase]) -> Vec<FaultKind> {
     let mut faults = Vec::new();
     for case in cases {
         if !faults.contains(&case.fault) {
@@ -389,7 +390,7 @@ fn faults_to_run_of(cases: &[SystemCase]) -> Vec<SystemFault> {
 /// The verdict of one diagnosis from the cases of its faults.
 fn verdict(
     cases: &[SystemCase],
-    faults: &[SystemFault],
+    faults: &[FaultKind],
     breaks: &[&str],
     file: &Path,
     seed: u64,
@@ -399,12 +400,12 @@ fn verdict(
         if let Some(v) = case
             .violations
             .iter()
-            .find(|v| breaks.contains(&v.invariant.as_str()))
+            .find(|v| breaks.contains(&v.invariant.name()))
         {
             return SystemVerdict::Reproduced {
                 case: case.number,
                 fault: case.fault,
-                broke: v.invariant.clone(),
+                broke: v.invariant.name().to_owned(),
                 observed: v.observed.clone(),
                 replay: replay_command(file, seed, case.number, case.fault),
             };
@@ -457,7 +458,7 @@ mod tests {
                             assert!(!faults.is_empty() && !breaks.is_empty(), "{cause}");
                             for fault in faults {
                                 assert!(
-                                    fault.applies_to(framework),
+                                    crate::system::preset::faults(framework).contains(&fault),
                                     "{fault} is not a fault of {framework:?} ({cause})"
                                 );
                             }
@@ -471,9 +472,9 @@ mod tests {
         // A Celery redelivery is re-created by the redelivery faults, a crash by the kills.
         let (faults, _) =
             faults_for(Cause::VisibilityTimeoutTooShort, Framework::Celery, &none).unwrap();
-        assert!(faults.contains(&SystemFault::ForcedRestore));
+        assert!(faults.contains(&FaultKind::ForcedRestore));
         let (faults, breaks) = faults_for(Cause::LostJob, Framework::Celery, &none).unwrap();
-        assert!(faults.contains(&SystemFault::KillPoolChild) && breaks == ["no-lost-job"]);
+        assert!(faults.contains(&FaultKind::KillPoolChild) && breaks == ["no-lost-job"]);
         // A lease race needs the worker's lock keys, to be judged on the wire.
         let reason = faults_for(Cause::LeaseTtlTooShort, Framework::Celery, &none).unwrap_err();
         assert!(reason.contains("[keys] lease"), "{reason}");

@@ -506,7 +506,7 @@ fn an_apalis_worker_log_shows_the_requeue_after_missed_heartbeats() {
     let keys = crate::contract::layout::KeyLayout::default();
     assert_eq!(
         system::faults_to_run(&analysis, crate::system::Framework::Apalis, &keys),
-        vec![crate::schedule::system::SystemFault::HeartbeatMiss]
+        vec![crate::fault::FaultKind::HeartbeatMiss]
     );
 }
 

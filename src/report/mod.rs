@@ -10,14 +10,14 @@
 mod svg;
 pub mod system;
 
+use crate::check::CaseResult;
 use crate::check::Violation;
 use crate::check::coverage::Coverage;
 use crate::contract::log::Status;
 use crate::fault::FaultKind;
 use crate::history::{EventKind, History};
+use crate::runner::explore::{Counterexample, ExploreReport};
 use crate::schedule::Schedule;
-use crate::schedule::controlled::CaseResult;
-use crate::schedule::explore::{Counterexample, ExploreReport};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -211,13 +211,13 @@ impl SuiteOutcome {
                 .iter()
                 .filter(|r| r.is_interleaving())
                 .count() as u32,
-            held: report.counterexample.is_none(),
+            held: report.found.is_none(),
             expect_pass,
             coverage,
             not_covered,
             not_judged: Vec::new(),
             counterexample: report
-                .counterexample
+                .found
                 .as_ref()
                 .map(|c| counterexample_report(c, replay)),
             error: None,
@@ -460,17 +460,17 @@ pub fn addresses_text(a: &crate::env::Addresses) -> String {
 /// in the seed's log format, and how to replay it.
 pub fn counterexample_text(found: &Counterexample, seed: u64, replay: &str) -> String {
     let mut out = String::new();
-    for violation in &found.result.violations {
+    for violation in found.violations() {
         out.push_str(&violation.to_string());
     }
     let _ = write!(
         out,
         "minimal schedule ({} steps):\n{}",
-        found.schedule.steps.len(),
-        found.schedule
+        found.shrunk.schedule.steps.len(),
+        found.shrunk.schedule
     );
     out.push_str("timeline:\n");
-    out.push_str(&found.result.history.timeline());
+    out.push_str(&found.shrunk.case.history.timeline());
     let _ = writeln!(
         out,
         "found after {} case(s) in {:.2?}; seed {seed}\nreplay: {replay}",
@@ -495,8 +495,8 @@ pub fn case_text(title: &str, schedule: &Schedule, result: &CaseResult) -> Strin
 /// The report of a counterexample found by exploration.
 pub fn counterexample_report(found: &Counterexample, replay: String) -> CounterexampleReport {
     CounterexampleReport::of_case(
-        &found.result,
-        found.schedule.clone(),
+        &found.shrunk.case,
+        found.shrunk.schedule.clone(),
         found.found_after,
         replay,
     )

@@ -3,7 +3,7 @@
 //! HTML) and the command that replays it.
 
 use super::{DiagramEvent, esc, svg};
-use crate::schedule::system::{SystemOutcome, replay_command, sequence_text};
+use crate::runner::system::{SystemOutcome, replay_command, sequence_text};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -92,7 +92,7 @@ pub fn system_html(outcome: &SystemOutcome, file: &Path) -> String {
             let _ = write!(
                 out,
                 "<li><b>{}</b>: {}<pre>{}</pre></li>",
-                esc(&v.invariant),
+                esc(v.invariant.name()),
                 esc(&v.observed),
                 esc(&v.evidence.join("\n"))
             );

@@ -1,85 +1,121 @@
-//! A failure is its schedule: every counterexample is written as a schedule file (JSON) that
-//! `racecert run --schedule FILE` replays exactly, whatever seeds or regression entries say
-//! later. A file carries everything the run needs besides the test bed: the workers and their
-//! versions, the defects switched on, the timeouts, the invariants, and the steps.
+//! A failure is its schedule: every counterexample of every runner is written as one kind of
+//! schedule file (JSON) that `racecert run --schedule FILE` replays exactly, whatever seeds or
+//! regression entries say later. The file names its runner and carries everything that runner
+//! needs besides the test bed: for workers in process, the suite, workers, defects and timeouts;
+//! for worker processes, the command as well, and the round trips each step released (a replay
+//! that sees others has diverged); for a team's system, the system file, the seed and the case.
 
 use crate::check::Invariant;
-use crate::contract::defect::{Defect, Defects};
+use crate::contract::defect::Defect;
 use crate::contract::worker::WorkerSpec;
-use crate::schedule::Schedule;
-use crate::schedule::controlled::CaseSettings;
+use crate::fault::FaultKind;
+use crate::schedule::{Schedule, Step, WireStep};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
-use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
 
 /// The format tag every schedule file starts with.
-pub const FORMAT: &str = "racecert-schedule/1";
+pub const FORMAT: &str = "racecert-schedule/2";
 
-/// A controlled schedule with the settings it ran under.
+/// A schedule with the runner and settings it ran under.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleFile {
     /// Always [`FORMAT`].
     pub format: String,
-    /// The suite it came from (name), for people.
-    pub suite: String,
-    /// The workers of the case, in index order.
-    pub workers: Vec<WorkerSpec>,
-    /// Defects switched on in the reference worker.
-    #[serde(default)]
-    pub defects: Vec<Defect>,
-    /// The workers' backend timeout, ms.
-    pub backend_timeout_ms: u64,
+    /// The runner that replays it, with its settings and steps.
+    pub runner: RunnerSpec,
     /// Invariants checked.
     pub invariants: Vec<Invariant>,
-    /// Where it was found (seed and case), if by exploration.
+    /// Where it was found (seed and case), if by a search.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub found: Option<Found>,
     /// The invariants it broke when it was written.
     #[serde(default)]
     pub violated: Vec<Invariant>,
-    /// The steps.
-    pub schedule: Schedule,
 }
 
-/// Where an exploration found a schedule.
+/// The runner of a schedule file, and what it needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub enum RunnerSpec {
+    /// Workers in process (the reference worker) held at checkpoints.
+    InProcess {
+        /// The suite it came from (name), for people.
+        suite: String,
+        /// The workers of the case, in index order.
+        workers: Vec<WorkerSpec>,
+        /// Defects switched on in the reference worker.
+        #[serde(default)]
+        defects: Vec<Defect>,
+        /// The workers' backend timeout, ms.
+        backend_timeout_ms: u64,
+        /// The steps.
+        schedule: Schedule<Step>,
+    },
+    /// Worker processes of a command, held at their round trips.
+    Wire {
+        /// The command that starts one worker (`--worker-cmd` replaces it).
+        command: String,
+        /// The workers, in index order.
+        workers: Vec<WorkerSpec>,
+        /// Defects passed to the workers.
+        #[serde(default)]
+        defects: Vec<Defect>,
+        /// Lease TTL, ms.
+        lease_ttl_ms: u64,
+        /// Visibility timeout, ms.
+        visibility_timeout_ms: u64,
+        /// Backend timeout, ms.
+        backend_timeout_ms: u64,
+        /// The steps.
+        schedule: Schedule<WireStep>,
+        /// Per step, the fingerprints of the round trips it released (a replay that sees others
+        /// diverged; none for a file written by hand).
+        #[serde(default)]
+        trace: Vec<Vec<String>>,
+    },
+    /// A team's system, from its description.
+    System {
+        /// The system file.
+        system: PathBuf,
+        /// The run's seed (its case ids come from it).
+        seed: u64,
+        /// The case number.
+        case: u32,
+        /// The case: its request and the framework fault aimed at the worker that takes it.
+        schedule: Schedule<FaultKind>,
+    },
+}
+
+/// Where a search found a schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Found {
-    /// The exploration's seed.
+    /// The search's seed.
     pub seed: u64,
     /// Its case number (0: a replayed regression).
     pub case: u32,
 }
 
 impl ScheduleFile {
-    /// The file of `schedule`, run under `settings` (the reference worker's, or any worker's:
-    /// only the reference can be replayed from the file alone).
-    pub fn new(suite: &str, settings: &CaseSettings, schedule: Schedule) -> ScheduleFile {
+    /// A file of `runner`'s schedule checking `invariants`.
+    pub fn new(runner: RunnerSpec, invariants: Vec<Invariant>) -> ScheduleFile {
         ScheduleFile {
             format: FORMAT.to_owned(),
-            suite: suite.to_owned(),
-            workers: settings.workers.clone(),
-            defects: settings.defects.iter().collect(),
-            backend_timeout_ms: settings.backend_timeout.as_millis() as u64,
-            invariants: settings.invariants.clone(),
+            runner,
+            invariants,
             found: None,
             violated: Vec::new(),
-            schedule,
         }
     }
 
-    /// The case settings to replay it with the reference worker.
-    pub fn settings(&self) -> CaseSettings {
-        CaseSettings {
-            workers: self.workers.clone(),
-            defects: Defects::of(self.defects.iter().copied()),
-            invariants: self.invariants.clone(),
-            backend_timeout: Duration::from_millis(self.backend_timeout_ms),
-            factory: Arc::new(crate::reference::ReferenceFactory),
-            wire: true,
+    /// The runner's name, as files spell it.
+    pub fn runner_name(&self) -> &'static str {
+        match self.runner {
+            RunnerSpec::InProcess { .. } => "in-process",
+            RunnerSpec::Wire { .. } => "wire",
+            RunnerSpec::System { .. } => "system",
         }
     }
 
@@ -93,7 +129,16 @@ impl ScheduleFile {
                 file.format
             )));
         }
-        if file.workers.is_empty() || file.schedule.steps.is_empty() {
+        let (workers, steps) = match &file.runner {
+            RunnerSpec::InProcess {
+                workers, schedule, ..
+            } => (workers.len(), schedule.steps.len()),
+            RunnerSpec::Wire {
+                workers, schedule, ..
+            } => (workers.len(), schedule.steps.len()),
+            RunnerSpec::System { schedule, .. } => (1, schedule.steps.len()),
+        };
+        if workers == 0 || steps == 0 {
             return Err(Error::Config(format!(
                 "{}: a schedule file needs workers and steps",
                 path.display()
@@ -136,48 +181,144 @@ mod tests {
     use super::*;
     use crate::contract::checkpoint::Checkpoint;
     use crate::fault::Fault;
-    use crate::schedule::{RequestSpec, Step};
+    use crate::schedule::RequestSpec;
+
+    fn requests() -> Vec<RequestSpec> {
+        vec![RequestSpec {
+            request_id: "req-0".into(),
+            input: "input-0".into(),
+        }]
+    }
+
+    fn workers() -> Vec<WorkerSpec> {
+        vec![
+            WorkerSpec {
+                id: "worker-a".into(),
+                version: "v1".into(),
+            },
+            WorkerSpec {
+                id: "worker-c".into(),
+                version: "v2".into(),
+            },
+        ]
+    }
+
+    /// Writes `file`, reads it back, then breaks `word` in it: the error names the file.
+    fn round_trip(file: &ScheduleFile, word: &str) {
+        let dir = std::env::temp_dir().join(format!(
+            "racecert-schedule-{}-{}",
+            std::process::id(),
+            file.runner_name()
+        ));
+        let path = dir.join("case.json");
+        file.write(&path).unwrap();
+        assert_eq!(&ScheduleFile::read(&path).unwrap(), file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(word), "{text}");
+        std::fs::write(&path, text.replace(word, "\"sprint\"")).unwrap();
+        let err = ScheduleFile::read(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("case.json:") && err.contains("sprint"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 
     #[test]
-    fn a_schedule_file_round_trips_and_bad_ones_name_the_place() {
-        let mut settings = CaseSettings::seed_pair();
-        settings.defects = Defects::of([Defect::UnfencedFinalWrite]);
+    fn every_runner_s_file_round_trips_and_bad_ones_name_the_place() {
         let mut file = ScheduleFile::new(
-            "lease-expiry",
-            &settings,
-            Schedule {
-                requests: vec![RequestSpec {
-                    request_id: "req-0".into(),
-                    input: "input-0".into(),
-                }],
-                steps: vec![
-                    Step::Run {
-                        worker: 0,
-                        to: Checkpoint::AfterLease,
-                    },
-                    Step::Fault(Fault::ExpireLease { request: 0 }),
-                    Step::Run {
-                        worker: 1,
-                        to: Checkpoint::AfterTake,
-                    },
-                ],
+            RunnerSpec::InProcess {
+                suite: "lease-expiry".into(),
+                workers: workers(),
+                defects: vec![Defect::UnfencedFinalWrite],
+                backend_timeout_ms: 250,
+                schedule: Schedule {
+                    requests: requests(),
+                    steps: vec![
+                        Step::Run {
+                            worker: 0,
+                            to: Checkpoint::AfterLease,
+                        },
+                        Step::Fault(Fault::ExpireLease { request: 0 }),
+                    ],
+                },
             },
+            Invariant::ALL.to_vec(),
         );
         file.found = Some(Found { seed: 7, case: 9 });
         file.violated = vec![Invariant::AtMostOneFinalWrite];
-        let dir = std::env::temp_dir().join(format!("racecert-schedule-{}", std::process::id()));
-        let path = dir.join("lease-expiry.json");
+        round_trip(&file, "\"run\"");
+
+        let wire = ScheduleFile::new(
+            RunnerSpec::Wire {
+                command: "python3 worker.py".into(),
+                workers: workers(),
+                defects: Vec::new(),
+                lease_ttl_ms: 60_000,
+                visibility_timeout_ms: 60_000,
+                backend_timeout_ms: 3000,
+                schedule: Schedule {
+                    requests: requests(),
+                    steps: vec![
+                        WireStep::Until {
+                            worker: 0,
+                            before: "UPDATE inference_jobs".into(),
+                        },
+                        WireStep::Fault(Fault::ExpireLease { request: 0 }),
+                        WireStep::Finish { worker: 1 },
+                    ],
+                },
+                trace: vec![vec!["redis GET {ns}x".into()], vec![], vec![]],
+            },
+            Invariant::ALL.to_vec(),
+        );
+        round_trip(&wire, "\"until\"");
+
+        let system = ScheduleFile::new(
+            RunnerSpec::System {
+                system: "examples/celery-worker/naive.toml".into(),
+                seed: 1,
+                case: 3,
+                schedule: Schedule {
+                    requests: requests(),
+                    steps: vec![FaultKind::ForcedRestore],
+                },
+            },
+            vec![Invariant::AtMostOneFinalWrite],
+        );
+        round_trip(&system, "\"forced-restore\"");
+    }
+
+    #[test]
+    fn a_file_without_steps_or_of_another_format_is_refused() {
+        let dir = std::env::temp_dir().join(format!("racecert-empty-{}", std::process::id()));
+        let path = dir.join("case.json");
+        let mut file = ScheduleFile::new(
+            RunnerSpec::System {
+                system: "s.toml".into(),
+                seed: 1,
+                case: 1,
+                schedule: Schedule {
+                    requests: requests(),
+                    steps: Vec::new(),
+                },
+            },
+            Vec::new(),
+        );
         file.write(&path).unwrap();
-        let back = ScheduleFile::read(&path).unwrap();
-        assert_eq!(back, file);
-        assert_eq!(back.settings().defects, settings.defects);
-        let text = std::fs::read_to_string(&path).unwrap();
-        assert!(text.contains("\"unfenced-final-write\""), "{text}");
-        std::fs::write(&path, text.replace("\"run\"", "\"sprint\"")).unwrap();
-        let err = ScheduleFile::read(&path).unwrap_err().to_string();
         assert!(
-            err.contains("lease-expiry.json:") && err.contains("sprint"),
-            "{err}"
+            ScheduleFile::read(&path)
+                .unwrap_err()
+                .to_string()
+                .contains("needs workers and steps")
+        );
+        file.format = "racecert-schedule/1".into();
+        file.write(&path).unwrap();
+        assert!(
+            ScheduleFile::read(&path)
+                .unwrap_err()
+                .to_string()
+                .contains("expected \"racecert-schedule/2\"")
         );
         std::fs::remove_dir_all(dir).unwrap();
     }

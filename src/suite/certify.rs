@@ -3,15 +3,17 @@
 //! total time budget ([`DEFAULT_BUDGET`], or `--budget`) that it spends: each suite gets its own
 //! `time_budget_s` if its file sets one, the others share what is left, and time a suite does not
 //! use (it found its failure early) goes to the suites after it. A fixed case count (`--cases`,
-//! or `cases` in a suite file) replaces the budget, for exact reproduction. Blocking (it drives
-//! the synchronous proptest runner): call it from a thread that is not a runtime worker.
+//! or `cases` in a suite file) replaces the budget, for exact reproduction.
 
 use crate::contract::defect::Defects;
 use crate::env::TestBed;
 use crate::report::{Report, SuiteOutcome};
-use crate::schedule::controlled::Controller;
-use crate::schedule::explore::{ExploreConfig, Progress, explore};
-use crate::schedule::file::{Found, ScheduleFile};
+use crate::runner::controlled::Controller;
+use crate::runner::explore::{ExploreConfig, explore};
+use crate::schedule::WireStep;
+use crate::schedule::file::Found;
+use crate::schedule::search::Progress;
+use crate::schedule::search::SearchReport;
 use crate::suite::file::LoadedSuite;
 use crate::{Error, Result};
 use std::path::PathBuf;
@@ -51,7 +53,7 @@ impl Default for CertifyOptions {
             seed: None,
             shard: None,
             regressions: None,
-            concurrency: crate::schedule::explore::DEFAULT_CONCURRENCY,
+            concurrency: crate::runner::explore::DEFAULT_CONCURRENCY,
             schedules: None,
         }
     }
@@ -157,8 +159,7 @@ pub fn suite_budget(
 
 /// Runs `suites` (already sharded) and returns the report. `progress(suite, cases_done)` is
 /// called after every case.
-pub fn certify(
-    runtime: &tokio::runtime::Handle,
+pub async fn certify(
     bed: &TestBed,
     suites: &[LoadedSuite],
     options: &CertifyOptions,
@@ -205,13 +206,10 @@ pub fn certify(
             .iter()
             .map(|d| d.name().to_owned())
             .collect();
-        let controller = runtime.block_on(Controller::new(bed, suite.settings.clone()))?;
-        let outcome = match explore(runtime, &controller, &suite.space, &config) {
+        let controller = Controller::new(bed, suite.settings.clone()).await?;
+        let outcome = match explore(&controller, &suite.space, &config).await {
             Ok(explored) => {
-                let case = explored
-                    .counterexample
-                    .as_ref()
-                    .and_then(|c| c.generated_case);
+                let case = explored.found.as_ref().and_then(|c| c.case_number);
                 let mut outcome = SuiteOutcome::from_exploration(
                     &suite.name,
                     &loaded.path,
@@ -229,17 +227,18 @@ pub fn certify(
                 outcome.budget_ms = budget.map(|b| b.as_millis() as u64);
                 if let (Some(dir), Some(found), Some(report)) = (
                     &options.schedules,
-                    &explored.counterexample,
+                    &explored.found,
                     outcome.counterexample.as_mut(),
                 ) {
                     let path = dir.join(schedule_file_name(&suite.name, &options.defects));
-                    let mut file =
-                        ScheduleFile::new(&suite.name, &suite.settings, found.schedule.clone());
+                    let mut file = suite
+                        .settings
+                        .file(&suite.name, found.shrunk.schedule.clone());
                     file.found = Some(Found {
                         seed,
                         case: found.found_after.0,
                     });
-                    file.violated = crate::check::broken(&found.result.violations)
+                    file.violated = crate::check::broken(found.violations())
                         .into_iter()
                         .collect();
                     file.write(&path)?;
@@ -288,7 +287,7 @@ pub async fn certify_external(
     defects: &Defects,
     progress: impl Fn(u32),
 ) -> Result<SuiteOutcome> {
-    use crate::schedule::fleet::{FleetSettings, run_fleet};
+    use crate::runner::fleet::{FleetSettings, run_fleet};
     if rounds == 0 {
         return Err(Error::Config("--rounds must be at least 1".into()));
     }
@@ -376,15 +375,15 @@ pub async fn certify_external(
 pub async fn certify_external_wire(
     bed: &TestBed,
     command: &str,
-    search: &crate::schedule::wire::WireSearch,
+    search: &crate::runner::wire::WireSearch,
     defects: &Defects,
     schedules: Option<&std::path::Path>,
-    progress: impl Fn(u32),
-) -> Result<(SuiteOutcome, crate::schedule::wire::WireReport)> {
-    use crate::schedule::wire::{WireScheduleFile, WireSettings};
+    progress: impl Fn(u32) + Send + Sync + 'static,
+) -> Result<(SuiteOutcome, SearchReport<WireStep>)> {
+    use crate::runner::wire::WireSettings;
     let mut settings = WireSettings::pair(command);
     settings.defects = defects.clone();
-    let report = crate::schedule::wire::search(bed, &settings, search, progress).await?;
+    let report = crate::runner::wire::search(bed, &settings, search, progress).await?;
     let found = report.found.clone();
     let counterexample = match &found {
         None => None,
@@ -399,7 +398,7 @@ pub async fn certify_external_wire(
                     ))[..12]
                 );
                 let path = dir.join(name);
-                WireScheduleFile::of(&settings, &found.shrunk).write(&path)?;
+                settings.file(&found.shrunk).write(&path)?;
                 file_path = Some(path.display().to_string());
             }
             let replay = match &file_path {
@@ -415,7 +414,7 @@ pub async fn certify_external_wire(
                     requests: found.shrunk.schedule.requests.clone(),
                     steps: Vec::new(),
                 },
-                (found.case, found.after),
+                found.found_after,
                 replay,
             );
             // The wire steps, as the timeline shows them, lead the story.
@@ -450,7 +449,7 @@ pub async fn certify_external_wire(
         .or(report.last.clone());
     let outputs = last.map(|o| o.outputs).unwrap_or_default();
     let held = found.is_none();
-    if report.cases == 0 {
+    if report.cases_run == 0 {
         let signal = crate::interrupt::requested().unwrap_or(2);
         return Err(Error::Interrupted(crate::interrupt::name(signal)));
     }
@@ -460,7 +459,7 @@ pub async fn certify_external_wire(
             path: command.to_owned(),
             defects: defects.iter().map(|d| d.name().to_owned()).collect(),
             seed: search.seed,
-            cases_run: report.cases,
+            cases_run: report.cases_run,
             elapsed_ms: report.elapsed.as_millis() as u64,
             budget_ms: Some(search.budget.as_millis() as u64),
             mutants_run: 0,

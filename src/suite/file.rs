@@ -6,7 +6,7 @@ use crate::check::Invariant;
 use crate::contract::defect::Defects;
 use crate::fault::FaultKind;
 use crate::reference::ReferenceFactory;
-use crate::schedule::controlled::CaseSettings;
+use crate::runner::controlled::CaseSettings;
 use crate::schedule::{ScheduleSpace, WorkerSpec};
 use crate::suite::Suite;
 use crate::{Error, Result};

@@ -10,8 +10,8 @@ use crate::check::Invariant;
 use crate::contract::defect::Defect;
 use crate::contract::defect::Defects;
 use crate::fault::FaultKind;
+use crate::runner::controlled::CaseSettings;
 use crate::schedule::ScheduleSpace;
-use crate::schedule::controlled::CaseSettings;
 use std::collections::BTreeSet;
 
 /// A suite.

@@ -3,9 +3,55 @@
 //! fetches; and the audit trigger racecert installs on a team's result table. Facts checked
 //! against the installed versions are in docs/systems.md, sections 4 and 5.
 
-use super::Results;
+use super::{Framework, Results};
+use crate::fault::FaultKind;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The fault kinds a framework really has, weighted: the redelivery faults twice, since they are
+/// what turns a slow attempt into a second writer. Every framework has `kill-main` (for apalis,
+/// a restart under the same worker name).
+pub fn faults(framework: Framework) -> Vec<FaultKind> {
+    use FaultKind::*;
+    match framework {
+        Framework::Celery => vec![
+            ForcedRestore,
+            VisibilityOutlived,
+            KillPoolChild,
+            ForcedRestore,
+            VisibilityOutlived,
+            KillMain,
+            WarmShutdown,
+            PrefetchRestore,
+        ],
+        Framework::Apalis => vec![HeartbeatMiss, HeartbeatMiss, KillMain],
+        Framework::Custom => vec![KillMain],
+    }
+}
+
+/// The kinds of a framework, by name, for messages.
+pub fn fault_names(framework: Framework) -> String {
+    let mut names: Vec<&str> = faults(framework).into_iter().map(FaultKind::name).collect();
+    names.sort_unstable();
+    names.dedup();
+    names.join(", ")
+}
+
+/// How long the first attempt's model call must last for `kind` to land while it runs: past the
+/// broker's visibility timeout (`visibility`) or the heartbeat deadline (`orphan`) where the
+/// fault needs it, a few seconds otherwise.
+pub fn call_hold(kind: FaultKind, visibility: Duration, orphan: Duration) -> Duration {
+    match kind {
+        FaultKind::VisibilityOutlived => visibility + Duration::from_secs(6),
+        FaultKind::ForcedRestore => Duration::from_secs(6),
+        // The task in front of the request runs past the request's visibility timeout and the
+        // sweep after it (a worker start), so the request is still reserved when it is restored.
+        FaultKind::PrefetchRestore => visibility + Duration::from_secs(8),
+        FaultKind::HeartbeatMiss => orphan + Duration::from_secs(6),
+        _ => Duration::from_secs(3),
+    }
+}
 
 /// kombu's Redis transport keys (defaults; `global_keyprefix` empty).
 pub mod celery_keys {

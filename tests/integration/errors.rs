@@ -164,7 +164,7 @@ async fn a_bad_schedule_file_is_refused_at_its_line_and_column(
     let bad = write(
         &dir,
         "case.json",
-        "{\n  \"suite\": \"lease-expiry\",\n  \"workers\": oops\n}\n",
+        "{\n  \"format\": \"racecert-schedule/2\",\n  \"runner\": oops\n}\n",
     )?;
     racecert("bad-schedule", &["run", "--schedule", &bad], &[])
         .await?

@@ -5,11 +5,11 @@
 use racecert::contract::checkpoint::Checkpoint;
 use racecert::contract::log::Status;
 use racecert::env::TestBed;
-use racecert::env::wire::{PgRequest, Reply, Request};
 use racecert::fault::Fault;
 use racecert::history::EventKind;
-use racecert::schedule::controlled::{CaseSettings, Controller};
+use racecert::runner::controlled::{CaseSettings, Controller};
 use racecert::schedule::{RequestSpec, Schedule, Step};
+use racecert::wire::{PgRequest, Reply, Request};
 
 crate::tests!(the_late_writer_is_rejected_by_the_fence_and_the_audit_shows_one_final_write);
 
@@ -58,7 +58,7 @@ async fn the_late_writer_is_rejected_by_the_fence_and_the_audit_shows_one_final_
             (
                 r.old_status.clone(),
                 r.new_status.clone(),
-                r.new_generation,
+                r.new_generation.unwrap_or(-1),
                 r.worker_id.clone(),
             )
         })

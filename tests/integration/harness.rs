@@ -9,8 +9,8 @@ use racecert::contract::log::Status;
 use racecert::env::TestBed;
 use racecert::fault::Fault;
 use racecert::history::{EventKind, History};
-use racecert::schedule::controlled::{CaseSettings, Controller};
-use racecert::schedule::explore::{ExploreConfig, explore};
+use racecert::runner::controlled::{CaseSettings, Controller};
+use racecert::runner::explore::{ExploreConfig, explore};
 use racecert::schedule::{RequestSpec, Schedule, Step};
 use racecert::suite::{Suite, builtin};
 use std::collections::BTreeSet;
@@ -109,7 +109,7 @@ fn normalized(history: &History) -> Vec<String> {
         .collect();
     out.extend(history.audit.iter().map(|r| {
         format!(
-            "{} {:?}->{} {:?}->{} {:?}",
+            "{} {:?}->{} {:?}->{:?} {:?}",
             r.operation,
             r.old_status,
             r.new_status,
@@ -152,7 +152,7 @@ async fn the_seed_race_is_caught_and_shrinks_to_at_most_six_steps(
     let _shared = bed.shared().await;
     let suite = unfenced_lease_expiry();
     let report = run_suite(bed, &suite, 256, 7).await?;
-    let Some(found) = &report.counterexample else {
+    let Some(found) = &report.found else {
         anyhow::bail!(
             "the unfenced final write was not caught in {} cases",
             report.cases_run
@@ -167,12 +167,13 @@ async fn the_seed_race_is_caught_and_shrinks_to_at_most_six_steps(
         )
     );
     anyhow::ensure!(
-        found.schedule.steps.len() <= 6,
+        found.shrunk.schedule.steps.len() <= 6,
         "shrunk schedule has {} steps",
-        found.schedule.steps.len()
+        found.shrunk.schedule.steps.len()
     );
     let broken: BTreeSet<Invariant> = found
-        .result
+        .shrunk
+        .case
         .violations
         .iter()
         .map(|v| v.invariant)
@@ -189,7 +190,7 @@ async fn run_suite(
     suite: &Suite,
     cases: u32,
     seed: u64,
-) -> anyhow::Result<racecert::schedule::explore::ExploreReport> {
+) -> anyhow::Result<racecert::runner::explore::ExploreReport> {
     run_suite_with(
         bed,
         suite,
@@ -206,7 +207,7 @@ async fn run_suite_with(
     cases: u32,
     seed: u64,
     concurrency: usize,
-) -> anyhow::Result<racecert::schedule::explore::ExploreReport> {
+) -> anyhow::Result<racecert::runner::explore::ExploreReport> {
     let controller = Controller::new(bed, suite.settings.clone()).await?;
     // Reference runs replay (and record) the committed regression files; defect runs would only
     // record their expected failures.
@@ -222,10 +223,7 @@ async fn run_suite_with(
         concurrency,
         ..ExploreConfig::default()
     };
-    let handle = tokio::runtime::Handle::current();
-    let space = suite.space.clone();
-    // proptest's runner is synchronous: give it a blocking thread and the runtime's handle.
-    let report = tokio::task::block_in_place(|| explore(&handle, &controller, &space, &config))?;
+    let report = explore(&controller, &suite.space, &config).await?;
     Ok(report)
 }
 
@@ -238,7 +236,7 @@ async fn the_reference_worker_passes_every_suite(bed: &TestBed) -> anyhow::Resul
             (Some(bed.shared().await), None)
         };
         let report = run_suite(bed, &suite, 24, 1).await?;
-        if let Some(found) = &report.counterexample {
+        if let Some(found) = &report.found {
             anyhow::bail!(
                 "suite {} failed on the reference worker:\n{}",
                 suite.name,
@@ -297,10 +295,11 @@ async fn every_defect_is_caught_within_256_cases(bed: &TestBed) -> anyhow::Resul
             .expect("shipped suite")
             .with_defects(Defects::of([defect]));
         let report = run_suite(bed, &suite, 256, 3).await?;
-        if let Some(found) = &report.counterexample {
+        if let Some(found) = &report.found {
             // Caught for the right reason: every invariant the defect is known to break.
             let broken: BTreeSet<Invariant> = found
-                .result
+                .shrunk
+                .case
                 .violations
                 .iter()
                 .map(|v| v.invariant)
@@ -312,14 +311,15 @@ async fn every_defect_is_caught_within_256_cases(bed: &TestBed) -> anyhow::Resul
                 ));
             }
         }
-        match &report.counterexample {
+        match &report.found {
             Some(found) => eprintln!(
                 "    {defect:<24} caught by {} after {} case(s) in {:.1?}: {} ({} steps)",
                 suite.name,
                 found.found_after.0,
                 found.found_after.1,
                 found
-                    .result
+                    .shrunk
+                    .case
                     .violations
                     .iter()
                     .map(|v| v.invariant.name())
@@ -327,7 +327,7 @@ async fn every_defect_is_caught_within_256_cases(bed: &TestBed) -> anyhow::Resul
                     .into_iter()
                     .collect::<Vec<_>>()
                     .join(", "),
-                found.schedule.steps.len()
+                found.shrunk.schedule.steps.len()
             ),
             None => missed.push(format!(
                 "{defect} ({} cases of {})",
@@ -343,8 +343,8 @@ async fn a_chaos_run_of_the_reference_fleet_holds_every_invariant(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
     let _shared = bed.shared().await;
-    let settings = racecert::schedule::chaos::ChaosSettings::mixed_fleet(5);
-    let result = racecert::schedule::chaos::run_chaos(bed, &settings).await?;
+    let settings = racecert::runner::chaos::ChaosSettings::mixed_fleet(5);
+    let result = racecert::runner::chaos::run_chaos(bed, &settings).await?;
     let faults = result
         .history
         .events
@@ -393,13 +393,13 @@ async fn running_cases_concurrently_finds_and_shrinks_the_same_failure(
     let mut found = Vec::new();
     for concurrency in [1, 6] {
         let report = run_suite_with(bed, &suite, 256, 11, concurrency).await?;
-        let Some(counterexample) = report.counterexample else {
+        let Some(counterexample) = report.found else {
             anyhow::bail!("concurrency {concurrency}: the unfenced final write was not caught");
         };
         found.push((
             counterexample.found_after.0,
-            counterexample.schedule.to_string(),
-            counterexample.schedule.steps.len(),
+            counterexample.shrunk.schedule.to_string(),
+            counterexample.shrunk.schedule.steps.len(),
         ));
     }
     eprintln!(

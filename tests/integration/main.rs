@@ -129,9 +129,16 @@ fn main() -> std::process::ExitCode {
             let fixture = fixture.clone();
             Trial::test(name, move || {
                 let Fixture { runtime, bed } = &*fixture;
-                runtime
+                let started = std::time::Instant::now();
+                let outcome = runtime
                     .block_on(test(bed))
-                    .map_err(|err| Failed::from(format!("{err:#}")))
+                    .map_err(|err| Failed::from(format!("{err:#}")));
+                // Where the time goes, for the tiers (README, "Tests and CI").
+                let took = started.elapsed();
+                if took > std::time::Duration::from_secs(10) {
+                    eprintln!("    {name} took {:.0} s", took.as_secs_f64());
+                }
+                outcome
             })
         })
         .collect();

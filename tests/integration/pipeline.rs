@@ -2,6 +2,7 @@
 //! with checkpoints and a backend delay, and one hand-written interleaving per defect, run with
 //! the defect on (it produces its bad outcome) and off (it stays correct).
 
+use racecert::contract::JobRow;
 use racecert::contract::checkpoint::{Checkpoint, Gate};
 use racecert::contract::defect::{Defect, Defects};
 use racecert::contract::delivery::Delivery;
@@ -9,9 +10,9 @@ use racecert::contract::log::LogSink;
 use racecert::contract::{model_output, output_version};
 use racecert::env::TestBed;
 use racecert::env::backends::Behaviour;
+use racecert::reference::Pipeline;
 use racecert::reference::submit::InferenceRequest;
 use racecert::reference::worker::{Outcome, Worker};
-use racecert::reference::{JobRow, Pipeline};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;

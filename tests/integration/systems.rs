@@ -4,7 +4,8 @@
 //! catch it; the fenced one passes every Celery fault; files that cannot work fail with the place.
 
 use racecert::env::TestBed;
-use racecert::schedule::system::{SystemFault, SystemOutcome, SystemSettings, run_system};
+use racecert::fault::FaultKind;
+use racecert::runner::system::{SystemOutcome, SystemSettings, run_system};
 use racecert::system::System;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -25,7 +26,7 @@ fn example(file: &str) -> PathBuf {
         .join(file)
 }
 
-fn settings(faults: &[SystemFault]) -> SystemSettings {
+fn settings(faults: &[FaultKind]) -> SystemSettings {
     let mut settings = SystemSettings::certify(7);
     settings.faults = faults.to_vec();
     settings.cases = faults.len() as u32;
@@ -46,7 +47,7 @@ fn summary(outcome: &SystemOutcome) -> String {
                 c.final_writes,
                 c.model_calls,
                 c.violations.iter().map(|v| &v.observed).collect::<Vec<_>>(),
-                racecert::schedule::system::sequence_text(c)
+                racecert::runner::system::sequence_text(c)
             )
         })
         .collect::<Vec<_>>()
@@ -58,9 +59,9 @@ async fn celery_naive_is_caught_by_restores_and_a_pool_child_kill(
 ) -> anyhow::Result<()> {
     let system = System::load(&example("celery-worker/naive.toml"))?;
     let faults = [
-        SystemFault::ForcedRestore,
-        SystemFault::KillPoolChild,
-        SystemFault::VisibilityOutlived,
+        FaultKind::ForcedRestore,
+        FaultKind::KillPoolChild,
+        FaultKind::VisibilityOutlived,
     ];
     let outcome = run_system(bed, &system, &settings(&faults)).await?;
     let text = summary(&outcome);
@@ -69,7 +70,7 @@ async fn celery_naive_is_caught_by_restores_and_a_pool_child_kill(
         outcome.cases[n]
             .violations
             .iter()
-            .map(|v| v.invariant.as_str())
+            .map(|v| v.invariant.name())
             .collect()
     };
     // A restored delivery runs again while the first attempt still runs: both write, the slower
@@ -85,8 +86,8 @@ async fn celery_naive_is_caught_by_restores_and_a_pool_child_kill(
         let writers: std::collections::BTreeSet<_> = case
             .writes
             .iter()
-            .filter(|w| w.new_status.as_deref() == Some("SUCCEEDED"))
-            .filter_map(|w| w.worker.clone())
+            .filter(|w| w.new_status == "SUCCEEDED")
+            .filter_map(|w| w.writer.clone())
             .collect();
         anyhow::ensure!(
             writers.len() == 2,
@@ -116,11 +117,11 @@ async fn celery_naive_is_caught_by_restores_and_a_pool_child_kill(
 async fn celery_fenced_passes_every_celery_fault(bed: &TestBed) -> anyhow::Result<()> {
     let system = System::load(&example("celery-worker/fenced.toml"))?;
     let faults = [
-        SystemFault::ForcedRestore,
-        SystemFault::VisibilityOutlived,
-        SystemFault::KillPoolChild,
-        SystemFault::KillMain,
-        SystemFault::WarmShutdown,
+        FaultKind::ForcedRestore,
+        FaultKind::VisibilityOutlived,
+        FaultKind::KillPoolChild,
+        FaultKind::KillMain,
+        FaultKind::WarmShutdown,
     ];
     let outcome = run_system(bed, &system, &settings(&faults)).await?;
     let text = summary(&outcome);
@@ -149,14 +150,10 @@ async fn celery_lock_takeover_is_caught_on_the_wire_by_its_lock_keys(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
     let system = System::load(&example("celery-worker/locked.toml"))?;
-    let outcome = run_system(bed, &system, &settings(&[SystemFault::ForcedRestore])).await?;
+    let outcome = run_system(bed, &system, &settings(&[FaultKind::ForcedRestore])).await?;
     let text = summary(&outcome);
     let case = outcome.cases.first().context_or(&text)?;
-    let broke: Vec<&str> = case
-        .violations
-        .iter()
-        .map(|v| v.invariant.as_str())
-        .collect();
+    let broke: Vec<&str> = case.violations.iter().map(|v| v.invariant.name()).collect();
     anyhow::ensure!(
         broke == ["lease-discipline"] && case.final_writes == 1 && case.model_calls == 2,
         "the restored delivery ran (two model calls), the fence kept one final write, and the \
@@ -181,7 +178,7 @@ async fn celery_lock_takeover_is_caught_on_the_wire_by_its_lock_keys(
 async fn system_files_that_cannot_work_fail_naming_the_place(bed: &TestBed) -> anyhow::Result<()> {
     let path = example("celery-worker/naive.toml");
     let text = std::fs::read_to_string(&path)?;
-    let mut quick = settings(&[SystemFault::ForcedRestore]);
+    let mut quick = settings(&[FaultKind::ForcedRestore]);
     quick.startup_deadline = Duration::from_secs(8);
     // The error a variant of the file ends its run with, checked for every part it must name.
     let refused = async |variant: String, parts: &[&str]| -> anyhow::Result<()> {
@@ -311,7 +308,7 @@ async fn apalis_example_certifies_itself_from_its_own_cargo_test_and_its_files(
         system.start.setup = None;
         Ok(system)
     };
-    let faults = [SystemFault::HeartbeatMiss, SystemFault::KillMain];
+    let faults = [FaultKind::HeartbeatMiss, FaultKind::KillMain];
     let naive = load("apalis-worker/naive.toml")?;
     let outcome = run_system(bed, &naive, &settings(&faults)).await?;
     let text = summary(&outcome);
@@ -319,7 +316,7 @@ async fn apalis_example_certifies_itself_from_its_own_cargo_test_and_its_files(
         outcome.cases[n]
             .violations
             .iter()
-            .map(|v| v.invariant.as_str())
+            .map(|v| v.invariant.name())
             .collect()
     };
     anyhow::ensure!(
@@ -346,18 +343,14 @@ async fn apalis_example_certifies_itself_from_its_own_cargo_test_and_its_files(
 async fn celery_prefetch_restore_catches_naive_and_fenced_passes(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
-    let faults = [SystemFault::PrefetchRestore];
+    let faults = [FaultKind::PrefetchRestore];
     let naive = System::load(&example("celery-worker/naive.toml"))?;
     let started = std::time::Instant::now();
     let outcome = run_system(bed, &naive, &settings(&faults)).await?;
     let text = summary(&outcome);
     eprintln!("naive prefetch-restore: {:?}\n{text}", started.elapsed());
     let case = outcome.cases.first().context_or(&text)?;
-    let broke: Vec<&str> = case
-        .violations
-        .iter()
-        .map(|v| v.invariant.as_str())
-        .collect();
+    let broke: Vec<&str> = case.violations.iter().map(|v| v.invariant.name()).collect();
     anyhow::ensure!(
         broke == ["at-most-one-final-write"] && case.final_writes == 2,
         "naive: the prefetched request runs twice and writes twice:\n{text}"
@@ -429,7 +422,7 @@ async fn celery_incident_log_replays_on_the_team_system(bed: &TestBed) -> anyhow
 
     // The incident: a caught run of the naive example, its workers' log.
     let naive = System::load(&naive_file)?;
-    let outcome = run_system(bed, &naive, &settings(&[SystemFault::ForcedRestore])).await?;
+    let outcome = run_system(bed, &naive, &settings(&[FaultKind::ForcedRestore])).await?;
     anyhow::ensure!(
         !outcome.passed(),
         "the run must be caught:\n{}",

@@ -9,7 +9,7 @@ use noxious::proxy::{ProxyConfig, ProxyRunner, Runner, Toxics};
 use noxious::signal::{Close, Stop, Stopper};
 use noxious::socket::TcpListener as EngineListener;
 use racecert::env::TestBed;
-use racecert::env::wire::{
+use racecert::wire::{
     Holder, PgRequest, Protocol, RedisReply, Reply, Request, RoundTrip, TxStatus, WireTap,
 };
 use reqwest::Url;
@@ -144,7 +144,7 @@ impl Drop for Tapped {
     }
 }
 
-fn redis_cmd(trip: &RoundTrip) -> Option<&racecert::env::wire::RedisCommand> {
+fn redis_cmd(trip: &RoundTrip) -> Option<&racecert::wire::RedisCommand> {
     match &trip.request {
         Request::Redis(cmd) => Some(cmd),
         _ => None,
@@ -347,7 +347,7 @@ fn statements_matching<'a>(trips: &'a [RoundTrip], needle: &str) -> Vec<&'a Roun
         .collect()
 }
 
-fn pg_reply(trip: &RoundTrip) -> &racecert::env::wire::PgReply {
+fn pg_reply(trip: &RoundTrip) -> &racecert::wire::PgReply {
     match &trip.reply {
         Some(Reply::Postgres(reply)) => reply,
         other => panic!("not a postgres reply: {other:?}"),

@@ -5,7 +5,8 @@
 
 use racecert::contract::defect::Defects;
 use racecert::env::TestBed;
-use racecert::schedule::wire::{WireScheduleFile, WireSearch, WireSettings, run_wire, search};
+use racecert::runner::wire::{WireSearch, WireSettings, run_wire, search};
+use racecert::schedule::file::ScheduleFile;
 
 crate::tests!(
     the_read_then_write_variant_is_caught_shrunk_and_replayed_from_its_file,
@@ -26,7 +27,7 @@ async fn python_command() -> anyhow::Result<String> {
     Ok(format!("{} {script}", venv.python().display()))
 }
 
-fn names(outcome: &racecert::schedule::wire::WireOutcome) -> Vec<String> {
+fn names(outcome: &racecert::runner::wire::WireOutcome) -> Vec<String> {
     let mut names: Vec<String> = outcome
         .case
         .violations
@@ -53,7 +54,7 @@ async fn the_read_then_write_variant_is_caught_shrunk_and_replayed_from_its_file
         let found = report.found.ok_or_else(|| {
             anyhow::anyhow!(
                 "seed {seed}: not caught in {} wire cases ({:.1?})",
-                report.cases,
+                report.cases_run,
                 report.elapsed
             )
         })?;
@@ -71,16 +72,12 @@ async fn the_read_then_write_variant_is_caught_shrunk_and_replayed_from_its_file
             found.shrunk.schedule
         );
         let path = dir.join(format!("seed-{seed}.json"));
-        WireScheduleFile::of(&settings, &found.shrunk).write(&path)?;
-        let file = WireScheduleFile::read(&path)?;
+        settings.file(&found.shrunk).write(&path)?;
+        let file = ScheduleFile::read(&path)?;
+        let (replayed, schedule, trace) = WireSettings::of_file(&file, Some(&command))
+            .ok_or_else(|| anyhow::anyhow!("not a wire schedule file"))?;
         for replay in 1..=2 {
-            let again = run_wire(
-                bed,
-                &file.settings(&command),
-                &file.schedule,
-                Some(&file.trace),
-            )
-            .await?;
+            let again = run_wire(bed, &replayed, schedule, Some(trace)).await?;
             anyhow::ensure!(
                 again.divergence.is_none(),
                 "seed {seed} replay {replay}: {}",
@@ -112,7 +109,11 @@ async fn the_safe_python_worker_and_the_reference_worker_pass_wire_schedules(
         if let Some(found) = &report.found {
             anyhow::bail!("{command} must pass:\n{}", found.shrunk.text("failed case"));
         }
-        anyhow::ensure!(report.cases == 20, "{command}: {} cases", report.cases);
+        anyhow::ensure!(
+            report.cases_run == 20,
+            "{command}: {} cases",
+            report.cases_run
+        );
         // The cases did interleave the workers at their round trips, and no hold outlasted a
         // worker's patience.
         let last = report
@@ -149,7 +150,7 @@ async fn the_seeds_unfenced_write_is_found_through_wire_schedules(
     .await?;
     let found = report
         .found
-        .ok_or_else(|| anyhow::anyhow!("not found in {} wire cases", report.cases))?;
+        .ok_or_else(|| anyhow::anyhow!("not found in {} wire cases", report.cases_run))?;
     let broke = names(&found.shrunk);
     anyhow::ensure!(
         broke

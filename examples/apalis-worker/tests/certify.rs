@@ -12,7 +12,8 @@
 
 use racecert::env::TestBed;
 use racecert::env::backends::ModelApi;
-use racecert::schedule::system::{SystemFault, SystemOutcome, SystemSettings, run_system};
+use racecert::fault::FaultKind;
+use racecert::runner::system::{SystemOutcome, SystemSettings, run_system};
 use racecert::system::{ApalisOptions, Framework, Results, System};
 
 /// The worker as `naive.toml` / `fenced.toml` describe it, built in Rust.
@@ -67,7 +68,7 @@ fn system(fenced: bool) -> racecert::Result<System> {
 /// Every apalis fault once, on a bed of its own.
 async fn certify(system: &System) -> racecert::Result<SystemOutcome> {
     let mut settings = SystemSettings::certify(1);
-    settings.faults = vec![SystemFault::HeartbeatMiss, SystemFault::KillMain];
+    settings.faults = vec![FaultKind::HeartbeatMiss, FaultKind::KillMain];
     settings.cases = settings.faults.len() as u32;
     settings.stop_at_first_failure = false;
     let bed = TestBed::builder().start().await?;
@@ -86,7 +87,7 @@ fn diagrams(outcome: &SystemOutcome) -> String {
                 "case {} {}:\n{}",
                 case.number,
                 case.fault,
-                racecert::schedule::system::sequence_text(case)
+                racecert::runner::system::sequence_text(case)
             )
         })
         .collect()
@@ -100,7 +101,10 @@ fn verdicts(outcome: &SystemOutcome) -> Vec<(String, Vec<String>)> {
         .map(|case| {
             (
                 case.fault.to_string(),
-                case.violations.iter().map(|v| v.invariant.clone()).collect(),
+                case.violations
+                    .iter()
+                    .map(|v| v.invariant.name().to_owned())
+                    .collect(),
             )
         })
         .collect()

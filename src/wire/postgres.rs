@@ -27,7 +27,7 @@ use pgwire::messages::response::{
     CommandComplete, ErrorResponse, ReadyForQuery, TransactionStatus,
 };
 use pgwire::messages::simplequery::Query;
-use pgwire::messages::startup::{Authentication, Startup};
+use pgwire::messages::startup::{Authentication, BackendKeyData, Startup};
 use pgwire::messages::{DecodeContext, Message, ProtocolVersion};
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -369,6 +369,7 @@ impl Default for PgFramer {
                 database: None,
                 application_name: None,
                 encryption_requested: false,
+                backend_pid: None,
             },
             in_request: false,
             startup_ready: false,
@@ -808,8 +809,14 @@ impl PgFramer {
                 }
                 self.answer(Some(tx), ev);
             }
-            // Completions, descriptions, notices, notifications, parameter status, key data,
-            // COPY in/out: nothing the summary needs.
+            // The server process serving the connection: what attributes a write recorded by a
+            // trigger (`pg_backend_pid()`) to the connection, hence the worker, that sent it.
+            b'K' if self.phase == Phase::Auth => {
+                let key = decode::<BackendKeyData>(msg, &self.ctx)?;
+                self.startup.backend_pid = Some(key.pid);
+            }
+            // Completions, descriptions, notices, notifications, parameter status, COPY in/out:
+            // nothing the summary needs.
             _ => {}
         }
         Ok(())

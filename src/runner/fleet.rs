@@ -10,6 +10,7 @@
 //! whose steps share the run's processes, recorder and plane; the settings and the process
 //! bookkeeping beside it are used by nothing else.
 
+use crate::check::CaseResult;
 use crate::check::Invariant;
 use crate::contract::Keys;
 use crate::contract::defect::Defects;
@@ -20,10 +21,9 @@ use crate::fault::{Fault, FaultKind, PartitionTarget, apply};
 use crate::history::{EventKind, Observation, Recorder, read_jobs};
 use crate::reference::Pipeline;
 use crate::reference::process::WorkerEnv;
+use crate::runner::arrivals::Arrivals;
+use crate::runner::plane::{BackendFaults, CasePlane, Services, WorkerLink, Workers};
 use crate::schedule::WorkerSpec;
-use crate::schedule::arrivals::Arrivals;
-use crate::schedule::controlled::CaseResult;
-use crate::schedule::plane::{BackendFaults, CasePlane, Services, WorkerLink, Workers};
 use crate::{Error, Result};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -709,8 +709,15 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
         let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
     }
     recorder.observe(Observation::Drained { settled });
-    let mut history =
-        crate::history::collect(bed, &admin.pg, keys.prefix(), recorder.events(), requests).await?;
+    let mut history = crate::history::collect(
+        bed.take_journals(keys.prefix()),
+        &admin.pg,
+        keys.prefix(),
+        recorder.events(),
+        requests,
+        plane.connections(),
+    )
+    .await?;
     // The log-based checks take one TTL: the shortest, so no lease is taken as held longer
     // than it could have been (the wire checks read each lease's own PX).
     history.lease_ttl_ms = Some(settings.lease_ttl.as_millis() as u64);

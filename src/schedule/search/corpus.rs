@@ -19,9 +19,9 @@ use std::collections::BTreeSet;
 
 /// One schedule kept for reaching something new.
 #[derive(Debug, Clone)]
-pub struct Entry {
+pub struct Entry<S = Step> {
     /// The schedule.
-    pub schedule: Schedule,
+    pub schedule: Schedule<S>,
     /// The case (0-based, in exploration order) that ran it.
     pub case: usize,
     /// How many features it reached first.
@@ -35,14 +35,22 @@ pub struct Entry {
 }
 
 /// The corpus, in the order entries were added (by case).
-#[derive(Debug, Clone, Default)]
-pub struct Corpus {
-    entries: Vec<Entry>,
+#[derive(Debug, Clone)]
+pub struct Corpus<S = Step> {
+    entries: Vec<Entry<S>>,
 }
 
-impl Corpus {
+impl<S> Default for Corpus<S> {
+    fn default() -> Corpus<S> {
+        Corpus {
+            entries: Vec::new(),
+        }
+    }
+}
+
+impl<S> Corpus<S> {
     /// Adds a schedule that reached something new (`new` features; its run's `coverage`).
-    pub fn add(&mut self, schedule: Schedule, case: usize, new: usize, coverage: &Coverage) {
+    pub fn add(&mut self, schedule: Schedule<S>, case: usize, new: usize, coverage: &Coverage) {
         let kinds = |pick: fn(&Reach) -> Option<FaultKind>| {
             coverage
                 .reached
@@ -67,7 +75,7 @@ impl Corpus {
     }
 
     /// Entries added by cases before `case` (entries are added in case order).
-    pub fn before(&self, case: usize) -> &[Entry] {
+    pub fn before(&self, case: usize) -> &[Entry<S>] {
         let end = self.entries.partition_point(|e| e.case < case);
         &self.entries[..end]
     }
@@ -86,7 +94,22 @@ impl Corpus {
 /// Makes mutants of corpus entries within a schedule space.
 pub struct Mutator {
     space: ScheduleSpace,
+}
+
+/// Fresh steps of a space, drawn by a seeded runner (made per mutant: proptest's strategies are
+/// neither `Send` nor `Sync`, and a search's source is sent across threads).
+struct Fresh {
     step: BoxedStrategy<Step>,
+    runner: TestRunner,
+}
+
+impl Fresh {
+    fn step(&mut self) -> Step {
+        self.step
+            .new_tree(&mut self.runner)
+            .expect("step strategies never reject")
+            .current()
+    }
 }
 
 impl std::fmt::Debug for Mutator {
@@ -109,7 +132,6 @@ impl Mutator {
     pub fn new(space: &ScheduleSpace) -> Mutator {
         Mutator {
             space: space.clone(),
-            step: space.step_strategy(),
         }
     }
 
@@ -144,10 +166,13 @@ impl Mutator {
             pick -= weight;
         }
         let mut schedule = entries[parent].schedule.clone();
-        let mut runner = TestRunner::new_with_rng(
-            Config::default(),
-            TestRng::from_seed(RngAlgorithm::ChaCha, &rng.random::<[u8; 32]>()),
-        );
+        let mut runner = Fresh {
+            step: self.space.step_strategy(),
+            runner: TestRunner::new_with_rng(
+                Config::default(),
+                TestRng::from_seed(RngAlgorithm::ChaCha, &rng.random::<[u8; 32]>()),
+            ),
+        };
         // A parent that came near a kind no entry has landed set up that kind's target path and
         // then ended (its run drained first): the same schedule with that kind's fault as its
         // last step lands it, so half of its mutants are exactly that, unmutated otherwise (a
@@ -186,7 +211,7 @@ impl Mutator {
         schedule: &mut Schedule,
         missing: &BTreeSet<FaultKind>,
         rng: &mut StdRng,
-        runner: &mut TestRunner,
+        runner: &mut Fresh,
     ) {
         if let Some(step) = self.step_of(missing, runner) {
             // In the second half: a fault that lands after what the schedule set up.
@@ -201,22 +226,10 @@ impl Mutator {
 
     /// A fresh step of one of `kinds`: steps are drawn until one is (a few tries; kinds whose
     /// steps the space draws rarely still come up). None if none came up.
-    fn step_of(&self, kinds: &BTreeSet<FaultKind>, runner: &mut TestRunner) -> Option<Step> {
-        (0..64).map(|_| self.fresh_step(runner)).find(|step| {
-            let kind = match step {
-                Step::Fault(fault) => Some(fault.kind()),
-                Step::Crash { .. } => Some(FaultKind::WorkerCrash),
-                Step::Run { .. } => None,
-            };
-            kind.is_some_and(|kind| kinds.contains(&kind))
-        })
-    }
-
-    fn fresh_step(&self, runner: &mut TestRunner) -> Step {
-        self.step
-            .new_tree(runner)
-            .expect("step strategies never reject")
-            .current()
+    fn step_of(&self, kinds: &BTreeSet<FaultKind>, runner: &mut Fresh) -> Option<Step> {
+        (0..64)
+            .map(|_| runner.step())
+            .find(|step| step.fault_kind().is_some_and(|kind| kinds.contains(&kind)))
     }
 
     fn mutate_once(
@@ -224,7 +237,7 @@ impl Mutator {
         schedule: &mut Schedule,
         other: &Schedule,
         rng: &mut StdRng,
-        runner: &mut TestRunner,
+        runner: &mut Fresh,
     ) {
         let max_steps = self.space.max_steps.max(1);
         let workers = self.space.workers.len().max(1);
@@ -233,12 +246,12 @@ impl Mutator {
             // Insert a fresh step.
             0 | 1 if len < max_steps => {
                 let at = rng.random_range(0..=len);
-                schedule.steps.insert(at, self.fresh_step(runner));
+                schedule.steps.insert(at, runner.step());
             }
             // Replace a step with a fresh one.
             2 if len > 0 => {
                 let at = rng.random_range(0..len);
-                schedule.steps[at] = self.fresh_step(runner);
+                schedule.steps[at] = runner.step();
             }
             // Delete a step.
             3 if len > 1 => {
@@ -259,7 +272,7 @@ impl Mutator {
                         *worker = rng.random_range(0..workers);
                     }
                 } else {
-                    schedule.steps[at] = self.fresh_step(runner);
+                    schedule.steps[at] = runner.step();
                 }
             }
             // Splice: this schedule's head, another one's tail.
@@ -271,7 +284,7 @@ impl Mutator {
                     .steps
                     .extend(other.steps[tail..].iter().take(max_steps - head).cloned());
                 if schedule.steps.is_empty() {
-                    schedule.steps.push(self.fresh_step(runner));
+                    schedule.steps.push(runner.step());
                 }
             }
             // Change the requests: another input, or one request more.
@@ -295,44 +308,6 @@ impl Mutator {
     }
 }
 
-/// Smaller variants of a schedule, smallest first in spirit: each step removed (last first), each
-/// request removed (the rest renumbered), each `Run` step stopped at an earlier checkpoint. The
-/// shrinker of schedules that proptest did not generate (mutants, replayed files).
-pub fn simpler(schedule: &Schedule) -> Vec<Schedule> {
-    let mut out = Vec::new();
-    if schedule.steps.len() > 1 {
-        for at in (0..schedule.steps.len()).rev() {
-            let mut smaller = schedule.clone();
-            smaller.steps.remove(at);
-            out.push(smaller);
-        }
-    }
-    if schedule.requests.len() > 1 {
-        for at in (0..schedule.requests.len()).rev() {
-            let mut smaller = schedule.clone();
-            smaller.requests.remove(at);
-            for (i, request) in smaller.requests.iter_mut().enumerate() {
-                request.request_id = format!("req-{i}");
-            }
-            out.push(smaller);
-        }
-    }
-    for (at, step) in schedule.steps.iter().enumerate() {
-        if let Step::Run { worker, to } = step
-            && let Some(index) = STOP_POINTS.iter().position(|p| p == to)
-            && index > 0
-        {
-            let mut smaller = schedule.clone();
-            smaller.steps[at] = Step::Run {
-                worker: *worker,
-                to: STOP_POINTS[index - 1],
-            };
-            out.push(smaller);
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -340,7 +315,16 @@ mod tests {
 
     fn space() -> ScheduleSpace {
         ScheduleSpace {
-            workers: crate::schedule::controlled::CaseSettings::seed_pair().workers,
+            workers: vec![
+                crate::schedule::WorkerSpec {
+                    id: "worker-a".into(),
+                    version: "v1".into(),
+                },
+                crate::schedule::WorkerSpec {
+                    id: "worker-c".into(),
+                    version: "v2".into(),
+                },
+            ],
             versions: vec!["v1".into(), "v2".into()],
             cutover_targets: vec!["v2".into()],
             max_requests: 2,
@@ -437,19 +421,5 @@ mod tests {
             .filter(|seed| mutator.mutate(corpus.before(2), case_seed(3, *seed)).0 == completed)
             .count();
         assert!(hits < 30, "{hits} of 200 mutants still completed it");
-    }
-
-    #[test]
-    fn simpler_variants_are_strictly_smaller() {
-        let variants = simpler(&schedule());
-        assert_eq!(variants.len(), 3, "{variants:#?}");
-        assert!(variants.iter().take(2).all(|v| v.steps.len() == 1));
-        assert_eq!(
-            variants[2].steps[0],
-            Step::Run {
-                worker: 0,
-                to: crate::contract::checkpoint::Checkpoint::BeforeAck
-            }
-        );
     }
 }

@@ -10,7 +10,7 @@
 //! is bounded whatever the values' sizes (only what a summary needs is kept).
 //!
 //! ```no_run
-//! use racecert::env::wire::{Protocol, RoundTrip, WireTap};
+//! use racecert::wire::{Protocol, RoundTrip, WireTap};
 //! use std::sync::Arc;
 //!
 //! let tap = WireTap::builder("redis-w0", Protocol::Redis)
@@ -40,6 +40,33 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// One round trip, attributed: which worker sent it, to which service.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WireEvent {
+    /// The worker whose links carried it.
+    pub worker: String,
+    /// `redis`, `postgres`, or `backend:{version}`.
+    pub service: String,
+    /// The round trip.
+    pub trip: RoundTrip,
+}
+
+/// Receives a link set's round trips (a run's recorder).
+pub type WireListener = Arc<dyn Fn(WireEvent) + Send + Sync>;
+
+/// One call as the backend received it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JournalEntry {
+    /// Position in the backend's journal (arrival order).
+    pub seq: usize,
+    /// The backend's name.
+    pub backend: String,
+    /// The version it serves.
+    pub model_version: String,
+    /// The parsed call (None if the body was not a call of the backend's API).
+    pub request: Option<crate::contract::InferRequest>,
+}
 
 /// The protocol a link carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -143,6 +170,9 @@ pub struct PgStartup {
     /// The client asked for SSL or GSS encryption first (and was declined, or the connection
     /// would be opaque).
     pub encryption_requested: bool,
+    /// The server process serving the connection (its BackendKeyData), when the server sent it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_pid: Option<i32>,
 }
 
 /// Statements sent in one round trip.

@@ -4,6 +4,7 @@
 //! time. It finds what checkpoints do not model; it is reproducible in distribution (the fault
 //! plan comes from a seed), and everything it does is recorded and judged by the same checkers.
 
+use crate::check::CaseResult;
 use crate::check::Invariant;
 use crate::contract::Keys;
 use crate::contract::checkpoint::Checkpoints;
@@ -16,10 +17,9 @@ use crate::fault::{Fault, FaultKind, PartitionTarget, apply};
 use crate::history::{Observation, Recorder};
 use crate::reference::Pipeline;
 use crate::reference::queue::Queue;
+use crate::runner::arrivals::Arrivals;
+use crate::runner::plane::{BackendFaults, CasePlane, Services, WorkerLink, Workers};
 use crate::schedule::WorkerSpec;
-use crate::schedule::arrivals::Arrivals;
-use crate::schedule::controlled::CaseResult;
-use crate::schedule::plane::{BackendFaults, CasePlane, Services, WorkerLink, Workers};
 use crate::{Error, Result};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -386,8 +386,15 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
         }
     }
     recorder.observe(Observation::Drained { settled });
-    let mut history =
-        crate::history::collect(bed, &admin.pg, keys.prefix(), recorder.events(), requests).await?;
+    let mut history = crate::history::collect(
+        bed.take_journals(keys.prefix()),
+        &admin.pg,
+        keys.prefix(),
+        recorder.events(),
+        requests,
+        plane.connections(),
+    )
+    .await?;
     history.lease_ttl_ms = Some(settings.lease_ttl.as_millis() as u64);
     history.wire_recorded = wire_recorded;
     Ok(CaseResult::judge(history, &settings.invariants))

@@ -7,8 +7,7 @@
 //! The runner owns apply -> check: it records everything through one [`Recorder`], then judges
 //! the history with the checkers and the coverage, as every runner does.
 
-use crate::check::coverage::{Coverage, coverage};
-use crate::check::{Invariant, Violation, check};
+use crate::check::{CaseResult, Invariant};
 use crate::contract::Keys;
 use crate::contract::checkpoint::{Arrival, Checkpoint, Gate};
 use crate::contract::defect::Defects;
@@ -17,15 +16,17 @@ use crate::contract::log::Echo;
 use crate::contract::worker::{Infra, WorkerContext, WorkerFactory, WorkerUnderTest};
 use crate::env::TestBed;
 use crate::fault::{Fault, apply};
-use crate::history::{History, Observation, Recorder, SubmittedRequest, read_jobs};
+use crate::history::{Observation, Recorder, SubmittedRequest, read_jobs};
 use crate::reference::ReferenceFactory;
 use crate::reference::queue::Queue;
 use crate::reference::submit::InferenceRequest;
-use crate::schedule::plane::{
-    BackendFaults, CasePlane, RestartScope, Services, WorkerLink, Workers,
-};
+use crate::runner::plane::{BackendFaults, CasePlane, RestartScope, Services, WorkerLink, Workers};
+use crate::schedule::file::{RunnerSpec, ScheduleFile};
+use crate::schedule::search::{Case, Outcome, Runner};
 use crate::schedule::{Schedule, Step, WorkerSpec};
 use crate::{Error, Result};
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -51,6 +52,47 @@ pub struct CaseSettings {
 }
 
 impl CaseSettings {
+    /// The schedule file of `schedule` run under these settings, found in suite `suite` (the
+    /// reference worker's settings, or any worker's: only the reference can be replayed from the
+    /// file alone).
+    pub fn file(&self, suite: &str, schedule: Schedule) -> ScheduleFile {
+        ScheduleFile::new(
+            RunnerSpec::InProcess {
+                suite: suite.to_owned(),
+                workers: self.workers.clone(),
+                defects: self.defects.iter().collect(),
+                backend_timeout_ms: self.backend_timeout.as_millis() as u64,
+                schedule,
+            },
+            self.invariants.clone(),
+        )
+    }
+
+    /// The settings and steps of an in-process schedule file, to replay it with the reference
+    /// worker (None: the file is another runner's).
+    pub fn of_file(file: &ScheduleFile) -> Option<(CaseSettings, &Schedule)> {
+        match &file.runner {
+            RunnerSpec::InProcess {
+                workers,
+                defects,
+                backend_timeout_ms,
+                schedule,
+                ..
+            } => Some((
+                CaseSettings {
+                    workers: workers.clone(),
+                    defects: Defects::of(defects.iter().copied()),
+                    invariants: file.invariants.clone(),
+                    backend_timeout: Duration::from_millis(*backend_timeout_ms),
+                    factory: Arc::new(ReferenceFactory),
+                    wire: true,
+                },
+                schedule,
+            )),
+            _ => None,
+        }
+    }
+
     /// Two workers, `worker-a` on v1 and `worker-c` on v2 (the seed's), no defect, every invariant.
     pub fn seed_pair() -> CaseSettings {
         CaseSettings {
@@ -69,28 +111,6 @@ impl CaseSettings {
             backend_timeout: Duration::from_millis(250),
             factory: Arc::new(ReferenceFactory),
             wire: true,
-        }
-    }
-}
-
-/// The result of one case.
-#[derive(Debug, Clone)]
-pub struct CaseResult {
-    /// What happened.
-    pub history: History,
-    /// Broken invariants.
-    pub violations: Vec<Violation>,
-    /// Which faults landed.
-    pub coverage: Coverage,
-}
-
-impl CaseResult {
-    /// Judges a history: the invariants, and which faults reached their target paths.
-    pub fn judge(history: History, invariants: &[Invariant]) -> CaseResult {
-        CaseResult {
-            violations: check(&history, invariants),
-            coverage: coverage(&history),
-            history,
         }
     }
 }
@@ -119,6 +139,24 @@ pub struct Controller<'a> {
 /// exploration that restarts Redis exercises the real one once; the rest are scoped to their
 /// namespace and cost a few round trips instead of a server start and a turn alone.
 pub const PROCESS_RESTARTS: u64 = 1;
+
+impl Runner for Controller<'_> {
+    type Step = Step;
+
+    fn run(&self, case: Case<Step>) -> BoxFuture<'_, Result<Outcome<Step>>> {
+        async move {
+            let Case::Fixed(schedule) = case else {
+                return Err(Error::other(
+                    "the controlled runner runs fixed schedules, not PCT plans",
+                ));
+            };
+            let started = std::time::Instant::now();
+            let result = Controller::run(self, &schedule).await?;
+            Ok(Outcome::of(schedule, result, started.elapsed()))
+        }
+        .boxed()
+    }
+}
 
 impl std::fmt::Debug for Controller<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -650,16 +688,18 @@ impl<'c, 'a> CaseRun<'c, 'a> {
     }
 
     async fn finish(mut self) -> Result<CaseResult> {
+        let connections = self.plane.connections();
         // The drain healed every link: they serve the next case.
         self.controller
             .give_back(self.plane.services.release_links());
         let admin = self.plane.services.admin();
         let mut history = crate::history::collect(
-            self.controller.bed,
+            self.controller.bed.take_journals(self.keys.prefix()),
             &admin.pg,
             self.keys.prefix(),
             self.recorder.events(),
             self.requests.clone(),
+            connections,
         )
         .await?;
         history.wire_recorded = self.wire_recorded;

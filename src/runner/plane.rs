@@ -487,6 +487,20 @@ pub struct CasePlane<'b, W> {
     pub workers: W,
 }
 
+impl<W: Workers> CasePlane<'_, W> {
+    /// The server processes of the Postgres connections made through each worker's links, with
+    /// the worker: what attributes an audited write to the worker that sent it.
+    pub fn connections(&self) -> std::collections::BTreeMap<i32, String> {
+        let mut out = std::collections::BTreeMap::new();
+        for (index, link) in self.services.links.iter().enumerate() {
+            for pid in link.links.backend_pids() {
+                out.insert(pid, self.workers.id(index));
+            }
+        }
+        out
+    }
+}
+
 impl<W: Workers> Plane for CasePlane<'_, W> {
     fn request_key(&self, request: usize) -> Option<String> {
         let requests = &self.services.requests;

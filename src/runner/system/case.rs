@@ -1,0 +1,894 @@
+//! One case of a system run: the fleet shaped for its fault, the request submitted the way the
+//! framework's clients do, the fault applied (through [`crate::fault::apply`]: this case is the
+//! fault's [`Plane`]) once a worker took the request, then a drain.
+
+use super::fleet::{children_of, configure, open_links};
+use super::judge::judge;
+use super::{Arrow, Fleet, SystemCase, Wire, now_ms, tail};
+use crate::env::TestBed;
+use crate::env::backends::{Behaviour, ModelBackend, ProgramGuard, release_all};
+use crate::fault::{Effect, Fault, FaultKind, Plane};
+use crate::system::preset::{
+    APALIS_INSERT, CELERY_PREFETCH_ENV, celery_keys, celery_message, fault_prefetch,
+};
+use crate::system::{Framework, Submit, System, fill};
+use crate::wire::{Reply, TxStatus};
+use crate::{Error, Result};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use rand::RngExt;
+use rand::rngs::StdRng;
+use sqlx::PgConnection;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use tokio::process::Command;
+
+/// What a case works with.
+pub(super) struct CaseCtx<'a, 'f> {
+    pub(super) bed: &'a TestBed,
+    pub(super) redis_db: u64,
+    pub(super) database: String,
+    pub(super) venv: String,
+    pub(super) backends: &'a [ModelBackend],
+    pub(super) system: &'a System,
+    pub(super) fleet: &'a mut Fleet<'f>,
+    pub(super) pg: &'a mut PgConnection,
+    pub(super) rd: &'a mut redis::aio::MultiplexedConnection,
+    pub(super) rng: StdRng,
+    pub(super) prefix: String,
+    pub(super) arrows: Vec<Arrow>,
+    pub(super) t0: i64,
+    pub(super) first: bool,
+    /// Inputs of requests a case submits besides its own (the prefetch fault's slow task in
+    /// front of it): their model calls are not the request's.
+    pub(super) companions: Vec<String>,
+    /// What the case's fault aims at, once a worker took the request.
+    pub(super) aim: Aim,
+    /// What the case's faults did.
+    pub(super) effects: Vec<(i64, Effect)>,
+}
+
+/// What a framework fault needs to know of its case: the delivery (Celery's tag), the slow model
+/// programs holding the first attempt's call, and the framework's clocks.
+#[derive(Default)]
+pub(super) struct Aim {
+    /// The worker that took the request (its first model call arrived).
+    pub(super) taker: usize,
+    /// The worker a redelivery should reach.
+    pub(super) other: usize,
+    /// Celery's delivery tag of the request's message, when racecert wrote it.
+    pub(super) delivery_tag: Option<String>,
+    /// Per version, the program that makes the model slow for this case.
+    pub(super) slow_guards: Vec<ProgramGuard>,
+    /// The broker's visibility timeout.
+    pub(super) visibility: Duration,
+    /// apalis: heartbeat x allowed misses.
+    pub(super) orphan: Duration,
+    /// How long the first attempt's model call lasts.
+    pub(super) slow: Duration,
+}
+
+impl CaseCtx<'_, '_> {
+    pub(super) fn note(&mut self, from: &str, to: &str, label: impl Into<String>, kind: &str) {
+        self.arrows.push(Arrow {
+            at_ms: now_ms() - self.t0,
+            from: from.to_owned(),
+            to: to.to_owned(),
+            label: label.into(),
+            kind: kind.to_owned(),
+        });
+    }
+
+    /// Slows every version's model for this case's calls.
+    pub(super) async fn slow_models(&self, delay: Duration) -> Result<Vec<ProgramGuard>> {
+        let mut guards = Vec::new();
+        for backend in self.backends {
+            guards.push(
+                backend
+                    .program(&self.prefix, Behaviour::Delay(delay))
+                    .await?,
+            );
+        }
+        Ok(guards)
+    }
+
+    /// Model calls of this case so far, per version.
+    pub(super) async fn calls(&self) -> Result<Vec<(String, usize)>> {
+        let mut out = Vec::new();
+        for backend in self.backends {
+            let n = backend.journal(Some(&self.prefix)).await.len();
+            out.push((backend.version().to_owned(), n));
+        }
+        Ok(out)
+    }
+
+    /// The model calls of this case, every version, as the backends' journals recorded them.
+    pub(super) async fn journal(&self) -> Vec<crate::wire::JournalEntry> {
+        let mut out = Vec::new();
+        for backend in self.backends {
+            out.extend(backend.journal(Some(&self.prefix)).await);
+        }
+        out
+    }
+
+    /// Model calls of the case's own request (its companions' left out), every version.
+    pub(super) async fn request_calls(&self) -> usize {
+        let mut n = 0;
+        for backend in self.backends {
+            n += backend
+                .journal(Some(&self.prefix))
+                .await
+                .iter()
+                .filter(|e| {
+                    e.request
+                        .as_ref()
+                        .is_none_or(|r| !self.companions.contains(&r.input))
+                })
+                .count();
+        }
+        n
+    }
+
+    /// Resets worker `index`'s broker connection at its proxy: live connections drop, the
+    /// framework reconnects (Celery's consumer runs its restore sweep on reconnect).
+    pub(super) async fn reset_broker(&mut self, index: usize) -> Result<()> {
+        let id = self.fleet.workers[index].id.clone();
+        let proxy = &self.fleet.workers[index].links.redis;
+        proxy.disable().await?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut enabled = proxy.enable().await;
+        for _ in 0..5 {
+            if enabled.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            enabled = proxy.enable().await;
+        }
+        if let Err(err) = enabled {
+            // The listener's port was taken while it was closed (another process on this
+            // machine bound it): the worker gets new links and a restart, whose start runs the
+            // same restore sweep.
+            self.note(
+                &id,
+                "redis",
+                format!("its proxy could not listen again ({err}): new links, restart"),
+                "fault",
+            );
+            self.fleet.stop(index, Duration::from_secs(5)).await;
+            let links = open_links(self.bed, &self.fleet.wire, &id).await?;
+            let worker = &mut self.fleet.workers[index];
+            worker.links = links;
+            configure(
+                self.system,
+                worker,
+                self.redis_db,
+                &self.database,
+                &self.venv,
+            );
+            self.fleet.start(index).await?;
+            return Ok(());
+        }
+        self.note(
+            &id,
+            "redis",
+            "broker connection reset at its proxy",
+            "fault",
+        );
+        Ok(())
+    }
+
+    /// Submits one request the way the framework's clients do; the Celery preset returns the
+    /// delivery tag it wrote.
+    pub(super) async fn submit(&mut self, request_id: &str, input: &str) -> Result<Option<String>> {
+        let system = self.system;
+        let venv = self.venv.clone();
+        let venv = venv.as_str();
+        let database = self.database.clone();
+        let database = database.as_str();
+        let values = [("request_id", request_id), ("input", input), ("venv", venv)];
+        let mut delivery_tag = None;
+        match &system.submit {
+            Submit::Preset { task, args, queue } => {
+                let args: BTreeMap<String, String> = args
+                    .iter()
+                    .map(|(k, v)| (k.clone(), fill(v, &values)))
+                    .collect();
+                match system.framework {
+                    Framework::Celery => {
+                        let rng = &mut self.rng;
+                        let message =
+                            celery_message(task, queue, &args, &mut || rng.random::<u128>());
+                        let _: i64 = redis::cmd("LPUSH")
+                            .arg(queue)
+                            .arg(&message.envelope)
+                            .query_async(self.rd)
+                            .await?;
+                        self.note(
+                            "racecert",
+                            "redis",
+                            format!(
+                                "LPUSH {queue} {task}[{}] tag {}",
+                                message.task_id, message.delivery_tag
+                            ),
+                            "message",
+                        );
+                        delivery_tag = Some(message.delivery_tag);
+                    }
+                    Framework::Apalis => {
+                        let job = serde_json::to_string(&args)
+                            .map_err(|e| Error::other(e.to_string()))?;
+                        let id: String = sqlx::query_scalar(APALIS_INSERT)
+                        .bind(task)
+                        .bind(&job)
+                        .fetch_one(&mut *self.pg)
+                        .await
+                        .map_err(|err| {
+                            Error::Config(format!(
+                                "{}: enqueueing an apalis job failed (are apalis' tables created by the worker?): {err}",
+                                system.place("submit")
+                            ))
+                        })?;
+                        self.note(
+                            "racecert",
+                            "db",
+                            format!("INSERT apalis.jobs {task} id {id}"),
+                            "message",
+                        );
+                    }
+                    Framework::Custom => unreachable!("validated: custom has no preset"),
+                }
+            }
+            Submit::Command(command) => {
+                let redis_url = String::new();
+                let command = fill(
+                    command,
+                    &[
+                        ("request_id", request_id),
+                        ("input", input),
+                        ("venv", venv),
+                        ("redis_url", &redis_url),
+                        ("database_url", database),
+                    ],
+                );
+                let output = Command::new("sh")
+                    .arg("-c")
+                    .arg(&command)
+                    .current_dir(&system.start.workdir)
+                    .envs(
+                        self.fleet.workers[0]
+                            .env
+                            .iter()
+                            .map(|(k, v)| (k.as_str(), v.as_str())),
+                    )
+                    .output()
+                    .await
+                    .map_err(|err| Error::io(format!("submit `{command}`"), err))?;
+                if !output.status.success() {
+                    return Err(Error::Config(format!(
+                        "{}: submit command `{command}` failed ({}):\n{}",
+                        system.place("submit"),
+                        output.status,
+                        tail(&String::from_utf8_lossy(&output.stderr), 20)
+                    )));
+                }
+                self.note(
+                    "racecert",
+                    "racecert",
+                    format!("submitted with `{command}`"),
+                    "message",
+                );
+            }
+        }
+        Ok(delivery_tag)
+    }
+
+    /// Ages the delivery in kombu's unacked index so the next sweep restores it.
+    pub(super) async fn age_delivery(&mut self, tag: &str) -> Result<bool> {
+        let changed: i64 = redis::cmd("ZADD")
+            .arg(celery_keys::UNACKED_INDEX)
+            .arg("XX")
+            .arg("CH")
+            .arg(1)
+            .arg(tag)
+            .query_async(self.rd)
+            .await?;
+        self.note(
+            "racecert",
+            "redis",
+            format!("ZADD unacked_index XX CH 1 {tag} (aged: {})", changed == 1),
+            "fault",
+        );
+        Ok(changed == 1)
+    }
+}
+
+pub(super) async fn run_case(
+    ctx: &mut CaseCtx<'_, '_>,
+    number: u32,
+    fault: FaultKind,
+    venv: &str,
+    redis_db: u64,
+    database: &str,
+) -> Result<SystemCase> {
+    let system = ctx.system;
+    let request_id = format!("{}-req", ctx.prefix);
+    let input = format!("{} hello world {number}", ctx.prefix);
+    let vt = system
+        .celery
+        .as_ref()
+        .map(|c| Duration::from_secs_f64(c.visibility_timeout_s))
+        .unwrap_or(Duration::from_secs(5));
+    let orphan = system
+        .apalis
+        .as_ref()
+        .map(|a| Duration::from_secs_f64(a.heartbeat_s * f64::from(a.missed_heartbeats)))
+        .unwrap_or(Duration::from_secs(6));
+    // How long the first attempt's model call lasts: past what the fault needs, below the
+    // worker's own model timeout (a slow model it waits for, not an upstream failure).
+    let slow = crate::system::preset::call_hold(fault, vt, orphan).min(
+        system
+            .model_timeout
+            .saturating_sub(Duration::from_millis(500)),
+    );
+    prepare_fleet(ctx, fault).await?;
+    let slow_guards = ctx.slow_models(slow).await?;
+    ctx.aim.visibility = vt;
+    ctx.aim.orphan = orphan;
+    ctx.aim.slow = slow;
+    ctx.note(
+        "racecert",
+        "racecert",
+        format!(
+            "case {number}: fault {fault}, every model answers in {} ms",
+            slow.as_millis()
+        ),
+        "message",
+    );
+
+    let delivery_tag = if fault == FaultKind::PrefetchRestore {
+        // A slow task first, then the request: the worker reserves the request behind it.
+        let blocker = format!("{} blocker {number}", ctx.prefix);
+        ctx.companions.push(blocker.clone());
+        ctx.submit(&format!("{}-blk", ctx.prefix), &blocker).await?;
+        ctx.submit(&request_id, &input).await?
+    } else {
+        ctx.submit(&request_id, &input).await?
+    };
+    let _ = (redis_db, venv, database);
+
+    // Taken: a model call of this case arrived at some version's backend.
+    let waited = Instant::now();
+    let taker = loop {
+        let calls = ctx.calls().await?;
+        if let Some(index) = calls.iter().position(|(_, n)| *n > 0) {
+            break Some(index);
+        }
+        if waited.elapsed() > ctx.fleet.deadline.min(Duration::from_secs(30)) {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    let Some(taker) = taker else {
+        if ctx.first {
+            let queued = match &system.submit {
+                Submit::Preset { queue, .. } if system.framework == Framework::Celery => {
+                    let len: i64 = redis::cmd("LLEN").arg(queue).query_async(ctx.rd).await?;
+                    let unacked: i64 = redis::cmd("HLEN")
+                        .arg(celery_keys::UNACKED)
+                        .query_async(ctx.rd)
+                        .await?;
+                    format!("; the queue {queue:?} holds {len} message(s), `unacked` {unacked}")
+                }
+                _ => String::new(),
+            };
+            let mut last = String::new();
+            for worker in &ctx.fleet.workers {
+                last.push_str(&format!(
+                    "\n{}:\n{}",
+                    worker.id,
+                    ctx.fleet
+                        .output_of(&format!("{}#{}", worker.id, worker.starts), 10)
+                ));
+            }
+            return Err(Error::Config(format!(
+                "{}: no worker consumed request {request_id} (no model call within {:?}){queued}; the workers' last lines:{last}",
+                system.place("start.command"),
+                waited.elapsed()
+            )));
+        }
+        release_all(slow_guards).await;
+        return judge(ctx, number, fault, request_id, &input).await;
+    };
+    let call_started = Instant::now();
+    let taker_id = ctx.fleet.workers[taker].id.clone();
+    let taker_version = ctx.fleet.workers[taker].version.clone();
+    let other = (taker + 1) % ctx.fleet.workers.len();
+    ctx.note(
+        &taker_id,
+        &format!("model {taker_version}"),
+        "model call (attempt 1)",
+        "message",
+    );
+
+    ctx.aim.taker = taker;
+    ctx.aim.other = other;
+    ctx.aim.delivery_tag = delivery_tag;
+    ctx.aim.slow_guards = slow_guards;
+    let effect = crate::fault::apply(
+        &Fault::Framework {
+            kind: fault,
+            worker: taker,
+        },
+        ctx,
+    )
+    .await?;
+    if !matches!(effect, Effect::FrameworkFault { .. }) {
+        // The fault did nothing (no delivery to age, no child to kill): the diagram says so
+        // and the case is not counted as an application of it.
+        ctx.note(&taker_id, &taker_id, effect.to_string(), "fault");
+    }
+    ctx.effects.push((now_ms(), effect));
+    let slow_guards = std::mem::take(&mut ctx.aim.slow_guards);
+    // The first attempt's model call may still be running: wait it out, then drain.
+    let done_by = call_started + slow + Duration::from_millis(500);
+    release_all(slow_guards).await;
+    drain(ctx, done_by, vt.max(orphan)).await?;
+    judge(ctx, number, fault, request_id, &input).await
+}
+
+/// Stops worker `index` (SIGSTOP) while it holds no PostgreSQL transaction open, as its recorded
+/// round trips say; returns how the stop landed, for the diagram.
+///
+/// Why: a framework may persist a task's state in a transaction of its own next to the task's
+/// start (apalis' lock event: `UPDATE apalis.jobs ... SET status = 'Running'` inside
+/// BEGIN/COMMIT, sent while the handler already runs). Stopped between the UPDATE and the COMMIT,
+/// the worker holds the job's row for the whole pause, and the other workers' requeue
+/// (`FOR UPDATE ... SKIP LOCKED`) passes the job over: the fault then tests nothing. On a loaded
+/// machine that window is wide enough to hit. A stop that lands inside a transaction (a reply
+/// recorded after the signal says so) is undone and tried again once it closed; bounded, after
+/// which the worker stays stopped and the diagram says where.
+async fn stop_outside_transactions(ctx: &mut CaseCtx<'_, '_>, index: usize) -> String {
+    const BOUND: Duration = Duration::from_secs(5);
+    // Replies already on their way are recorded within this, once the worker is stopped.
+    const SETTLE: Duration = Duration::from_millis(30);
+    let worker = ctx.fleet.workers[index].id.clone();
+    let started = Instant::now();
+    let mut waited = Duration::ZERO;
+    let mut retries = 0;
+    loop {
+        let waiting = Instant::now();
+        while in_transaction(&ctx.fleet.wire, &worker) && started.elapsed() < BOUND {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        waited += waiting.elapsed();
+        ctx.fleet.workers[index].signal_group(Signal::SIGSTOP);
+        tokio::time::sleep(SETTLE).await;
+        let inside = in_transaction(&ctx.fleet.wire, &worker);
+        if !inside && retries == 0 && waited < Duration::from_millis(5) {
+            return "outside any transaction of its own".to_owned();
+        }
+        if !inside {
+            return format!(
+                "outside any transaction of its own (waited {} ms for one to close, {retries} stop(s) undone)",
+                waited.as_millis()
+            );
+        }
+        if started.elapsed() >= BOUND {
+            return format!(
+                "inside a transaction it kept open for {} ms",
+                started.elapsed().as_millis()
+            );
+        }
+        ctx.fleet.workers[index].signal_group(Signal::SIGCONT);
+        retries += 1;
+    }
+}
+
+/// Whether `worker` holds a PostgreSQL transaction open: the last reply recorded on one of its
+/// connections reported a transaction block (ReadyForQuery `T` or `E`).
+pub(super) fn in_transaction(wire: &Wire, worker: &str) -> bool {
+    let mut last: BTreeMap<u64, (u64, bool)> = BTreeMap::new();
+    for (_, event) in wire.lock().expect("poisoned").iter() {
+        if event.worker != worker || event.service != "postgres" {
+            continue;
+        }
+        let open = match &event.trip.reply {
+            Some(Reply::Postgres(reply)) => {
+                matches!(reply.tx, Some(TxStatus::Transaction | TxStatus::Failed))
+            }
+            // The connection ended before a reply: its transaction ended with it.
+            _ => false,
+        };
+        let entry = last
+            .entry(event.trip.conn)
+            .or_insert((event.trip.seq, open));
+        if event.trip.seq >= entry.0 {
+            *entry = (event.trip.seq, open);
+        }
+    }
+    last.values().any(|(_, open)| *open)
+}
+
+/// Puts the fleet in the shape case's fault needs. `prefetch-restore` runs the first worker with a
+/// prefetch multiplier > 1 ([`CELERY_PREFETCH_ENV`]) and stops the others until the fault, so the
+/// request waits in that worker's prefetch; every other case runs every worker as the file says.
+/// A worker is restarted only when its variables change or it is not running.
+async fn prepare_fleet(ctx: &mut CaseCtx<'_, '_>, fault: FaultKind) -> Result<()> {
+    let prefetch = fault == FaultKind::PrefetchRestore;
+    let multiplier = fault_prefetch(
+        ctx.system
+            .celery
+            .as_ref()
+            .map_or(1, |c| c.prefetch_multiplier),
+    );
+    // Stops first: a stopped worker takes nothing of the case.
+    let mut order: Vec<usize> = (0..ctx.fleet.workers.len()).collect();
+    order.rotate_left(1);
+    for index in order {
+        let want_env = if prefetch && index == 0 {
+            vec![(CELERY_PREFETCH_ENV.to_owned(), multiplier.to_string())]
+        } else {
+            Vec::new()
+        };
+        let want_running = !prefetch || index == 0;
+        let running = !ctx.fleet.exited(index);
+        let changed = ctx.fleet.workers[index].extra_env != want_env;
+        let id = ctx.fleet.workers[index].id.clone();
+        if running && (changed || !want_running) {
+            ctx.fleet.stop(index, Duration::from_secs(10)).await;
+            if !want_running {
+                ctx.note(&id, &id, "stopped for this case", "message");
+            }
+        }
+        ctx.fleet.workers[index].extra_env = want_env;
+        if want_running && (!running || changed) {
+            ctx.fleet.start(index).await?;
+            ctx.note(
+                &id,
+                &id,
+                if prefetch {
+                    format!("started with {CELERY_PREFETCH_ENV}={multiplier}")
+                } else {
+                    "started as the file describes it".to_owned()
+                },
+                "message",
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Waits until the request's row is final and nothing of the case is left in flight, or until
+/// nothing can happen any more (the job is lost), bounded.
+async fn drain(
+    ctx: &mut CaseCtx<'_, '_>,
+    first_call_done: Instant,
+    redelivery: Duration,
+) -> Result<()> {
+    let request = format!("{}-req", ctx.prefix);
+    let bound = Instant::now() + redelivery * 2 + Duration::from_secs(15);
+    let mut quiet_since: Option<(Instant, i64, usize)> = None;
+    loop {
+        let writes: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM racecert_audit WHERE request_key = $1")
+                .bind(&request)
+                .fetch_one(&mut *ctx.pg)
+                .await?;
+        let calls: usize = ctx.calls().await?.iter().map(|(_, n)| n).sum();
+        let in_flight = match ctx.system.framework {
+            Framework::Celery => {
+                let queued: i64 = redis::cmd("LLEN")
+                    .arg(queue_of(ctx.system))
+                    .query_async(ctx.rd)
+                    .await?;
+                let unacked: i64 = redis::cmd("HLEN")
+                    .arg(celery_keys::UNACKED)
+                    .query_async(ctx.rd)
+                    .await?;
+                queued + unacked
+            }
+            Framework::Apalis => sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM apalis.jobs WHERE status IN ('Pending', 'Queued', 'Running')",
+            )
+            .fetch_one(&mut *ctx.pg)
+            .await
+            .unwrap_or(0),
+            Framework::Custom => 0,
+        };
+        let now = Instant::now();
+        if now >= first_call_done && in_flight == 0 {
+            // Quiet: no new write and no new model call for a while.
+            match quiet_since {
+                Some((since, w, c)) if w == writes && c == calls => {
+                    if now - since >= Duration::from_millis(1500) {
+                        return Ok(());
+                    }
+                }
+                _ => quiet_since = Some((now, writes, calls)),
+            }
+        } else {
+            quiet_since = None;
+        }
+        if now >= bound || crate::interrupt::requested().is_some() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn queue_of(system: &System) -> String {
+    match &system.submit {
+        Submit::Preset { queue, .. } => queue.clone(),
+        Submit::Command(_) => "celery".into(),
+    }
+}
+
+impl CaseCtx<'_, '_> {
+    /// The slow-model program of worker `other`'s version, taken out of the case's programs so
+    /// that its attempt answers fast and overtakes the slow first one.
+    pub(super) fn restore_to_other(&mut self) -> Option<ProgramGuard> {
+        let version = self.fleet.workers[self.aim.other].version.clone();
+        let position = self.system.versions.iter().position(|(v, _)| *v == version);
+        position
+            .filter(|position| *position < self.aim.slow_guards.len())
+            .map(|position| self.aim.slow_guards.remove(position))
+    }
+
+    /// Has worker `other` sweep: its start or a reconnect runs kombu's restore.
+    pub(super) async fn sweep_by_other(&mut self) -> Result<()> {
+        if self.aim.other != self.aim.taker {
+            if let Some(program) = self.restore_to_other() {
+                program.release().await;
+            }
+            self.reset_broker(self.aim.other).await?;
+        }
+        Ok(())
+    }
+}
+
+impl Plane for CaseCtx<'_, '_> {
+    fn worker_id(&self, worker: usize) -> String {
+        self.fleet.workers[worker % self.fleet.workers.len()]
+            .id
+            .clone()
+    }
+
+    fn backend_timeout(&self) -> Duration {
+        self.system.model_timeout
+    }
+
+    fn can_apply(&self, kind: FaultKind) -> std::result::Result<(), String> {
+        if crate::system::preset::faults(self.system.framework).contains(&kind) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{kind} is not a fault of {} (its faults: {})",
+                self.system.framework.name(),
+                crate::system::preset::fault_names(self.system.framework)
+            ))
+        }
+    }
+
+    async fn outlive_visibility(&mut self, worker: usize) -> Result<Option<String>> {
+        // Real time: the delivery is older than the visibility timeout while its model call
+        // still runs.
+        let vt = self.aim.visibility;
+        tokio::time::sleep(vt + Duration::from_millis(300)).await;
+        let id = self.worker_id(worker);
+        self.note(
+            &id,
+            &id,
+            format!(
+                "delivery older than visibility_timeout ({} ms), still in its model call",
+                vt.as_millis()
+            ),
+            "fault",
+        );
+        self.sweep_by_other().await?;
+        Ok(Some(format!(
+            "delivery held past visibility_timeout ({} ms), then a restore sweep",
+            vt.as_millis()
+        )))
+    }
+
+    async fn force_restore(&mut self, _worker: usize) -> Result<Option<String>> {
+        // Without the delivery's tag (a request submitted by the team's own command) there is
+        // nothing to age: the fault did nothing, and says so.
+        let Some(tag) = self.aim.delivery_tag.clone() else {
+            return Ok(None);
+        };
+        if !self.age_delivery(&tag).await? {
+            return Ok(None);
+        }
+        self.sweep_by_other().await?;
+        Ok(Some(format!(
+            "delivery {tag} aged in unacked_index, then a restore sweep"
+        )))
+    }
+
+    async fn restore_prefetched(&mut self, worker: usize) -> Result<Option<String>> {
+        // The taker runs the slow task in front and holds the request in its prefetch: both
+        // deliveries are in `unacked`, their clocks running, the request never started.
+        let vt = self.aim.visibility;
+        let reserved_by = Instant::now() + Duration::from_secs(5);
+        let mut reserved = false;
+        while Instant::now() < reserved_by {
+            let unacked: Vec<String> = redis::cmd("HKEYS")
+                .arg(celery_keys::UNACKED)
+                .query_async(self.rd)
+                .await?;
+            reserved = match &self.aim.delivery_tag {
+                Some(tag) => unacked.contains(tag),
+                None => unacked.len() >= 2,
+            };
+            if reserved {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let id = self.worker_id(worker);
+        if !reserved {
+            self.note(
+                &id,
+                &id,
+                format!(
+                    "the request was not prefetched within 5 s (does the command set \
+                     --prefetch-multiplier itself? {CELERY_PREFETCH_ENV} is overridden by it)"
+                ),
+                "fault",
+            );
+            return Ok(None);
+        }
+        self.note(
+            &id,
+            &id,
+            "the request is reserved (prefetched) behind the slow task, unacked",
+            "fault",
+        );
+        tokio::time::sleep(vt + Duration::from_millis(300)).await;
+        self.note(
+            &id,
+            &id,
+            format!(
+                "reserved delivery older than visibility_timeout ({} ms), never started",
+                vt.as_millis()
+            ),
+            "fault",
+        );
+        let (taker, other) = (self.aim.taker, self.aim.other);
+        if other != taker {
+            // The stopped worker's start runs kombu's restore sweep.
+            if let Some(program) = self.restore_to_other() {
+                program.release().await;
+            }
+            self.fleet.start(other).await?;
+            let other_id = self.worker_id(other);
+            self.note(
+                &other_id,
+                "redis",
+                "started: its consumer's restore sweep",
+                "fault",
+            );
+        } else {
+            self.reset_broker(taker).await?;
+        }
+        Ok(Some(
+            "reserved delivery held past visibility_timeout, then a restore sweep".to_owned(),
+        ))
+    }
+
+    async fn kill_pool_child(&mut self, worker: usize) -> Result<Option<String>> {
+        let main = self.fleet.workers[worker].main_pid();
+        let children = main.map(children_of).unwrap_or_default();
+        for child in &children {
+            let _ = kill(Pid::from_raw(*child), Signal::SIGKILL);
+        }
+        release_all(std::mem::take(&mut self.aim.slow_guards)).await;
+        if children.is_empty() {
+            return Ok(None);
+        }
+        let id = self.worker_id(worker);
+        let detail = format!("SIGKILL pool child {children:?} mid-call");
+        self.note(&id, &id, detail.clone(), "fault");
+        Ok(Some(detail))
+    }
+
+    async fn kill_main(&mut self, worker: usize) -> Result<Option<String>> {
+        let id = self.worker_id(worker);
+        self.fleet.workers[worker].signal_group(Signal::SIGKILL);
+        if let Some(child) = self.fleet.workers[worker].child.as_mut() {
+            let _ = child.wait().await;
+        }
+        self.note(
+            &id,
+            &id,
+            "SIGKILL of the worker process (group) mid-call",
+            "fault",
+        );
+        release_all(std::mem::take(&mut self.aim.slow_guards)).await;
+        if self.system.framework == Framework::Celery {
+            // Its delivery stays in `unacked`; kombu restores it at the first sweep after the
+            // visibility timeout, which the restarted worker's start runs.
+            tokio::time::sleep(self.aim.visibility + Duration::from_millis(300)).await;
+        }
+        self.fleet.start(worker).await?;
+        self.note(&id, &id, "restarted under the same name", "message");
+        Ok(Some(
+            "SIGKILL of the worker process mid-call, restarted under the same name".to_owned(),
+        ))
+    }
+
+    async fn warm_shutdown(&mut self, worker: usize) -> Result<Option<String>> {
+        let id = self.worker_id(worker);
+        let Some(pid) = self.fleet.workers[worker].main_pid() else {
+            return Ok(None);
+        };
+        let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        self.note(&id, &id, "SIGTERM (warm shutdown) mid-task", "fault");
+        let exited = Instant::now();
+        while !self.fleet.exited(worker)
+            && exited.elapsed() < self.aim.slow + Duration::from_secs(10)
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.fleet.stop(worker, Duration::from_secs(1)).await;
+        self.fleet.start(worker).await?;
+        self.note(&id, &id, "restarted", "message");
+        Ok(Some(
+            "SIGTERM (warm shutdown) mid-task, then a restart".to_owned(),
+        ))
+    }
+
+    async fn miss_heartbeats(&mut self, worker: usize) -> Result<Option<String>> {
+        let id = self.worker_id(worker);
+        let orphan = self.aim.orphan;
+        let inside = stop_outside_transactions(self, worker).await;
+        self.note(
+            &id,
+            &id,
+            format!(
+                "SIGSTOP mid-call, {inside} (heartbeat deadline {} ms)",
+                orphan.as_millis()
+            ),
+            "fault",
+        );
+        if let Some(program) = self.restore_to_other() {
+            program.release().await;
+        }
+        // Until the other worker ran the requeued job (its model call), bounded.
+        let paused = Instant::now();
+        let other_version = self.fleet.workers[self.aim.other].version.clone();
+        // Generous: the requeue runs in the other worker's heartbeat, which a loaded machine
+        // delays well past the deadline.
+        let mut requeued = false;
+        while paused.elapsed() < orphan + Duration::from_secs(30) {
+            let calls = self.calls().await?;
+            let total: usize = calls.iter().map(|(_, n)| n).sum();
+            if total > 1 || calls.iter().any(|(v, n)| *v == other_version && *n > 0) {
+                requeued = true;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.fleet.workers[worker].signal_group(Signal::SIGCONT);
+        self.note(
+            &id,
+            &id,
+            if requeued {
+                "SIGCONT (its job ran elsewhere meanwhile)".to_owned()
+            } else {
+                format!("SIGCONT: no requeue within {:?}", paused.elapsed())
+            },
+            "fault",
+        );
+        Ok(Some(format!(
+            "SIGSTOP mid-call {inside} past the heartbeat deadline, SIGCONT{}",
+            if requeued {
+                " after the requeued job ran"
+            } else {
+                " (no requeue seen)"
+            }
+        )))
+    }
+}

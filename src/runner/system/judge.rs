@@ -1,0 +1,368 @@
+//! The verdict of a system case, from the audit trail on the team's result table, the workers'
+//! recorded round trips and their lines; and its sequence diagram.
+
+use super::case::CaseCtx;
+use super::{Arrow, SystemCase};
+use crate::Result;
+use crate::check::{CaseResult, Invariant};
+use crate::contract::JobRow;
+use crate::fault::FaultKind;
+use crate::history::{AuditRow, Event, EventKind, History, Observation, SubmittedRequest};
+use crate::system::System;
+use crate::wire::{Request, WireEvent};
+use sqlx::Row;
+
+/// What can be judged of a system as its file describes it: the audit trail always says how
+/// many final writes a request had and whether it ended; the version column lets a result be
+/// checked against the version it names; `[keys]` lets the wire judge the team's own leases and
+/// cache. Generations and lease tokens are the contract's columns, not a team's table's: those
+/// invariants are reported as not judged. Backend calls are not judged (compute waste needs the
+/// contract's request body to know the job).
+pub(super) fn judged(system: &System) -> (Vec<Invariant>, Vec<Invariant>) {
+    let mut judged = vec![Invariant::AtMostOneFinalWrite, Invariant::NoLostJob];
+    if system.results.version.is_some() {
+        judged.push(Invariant::ResultNamesItsVersion);
+    }
+    if system.keys.lease.is_some() {
+        judged.push(Invariant::LeaseDiscipline);
+    }
+    if system.keys.cache.is_some() {
+        judged.extend([
+            Invariant::NoCrossVersionCacheEntry,
+            Invariant::NoStaleCacheRead,
+        ]);
+    }
+    let not_judged = Invariant::ALL
+        .into_iter()
+        .filter(|i| !judged.contains(i))
+        .collect();
+    (judged, not_judged)
+}
+
+/// The audited writes of `request` on the team's result table, in order.
+async fn audit_rows(ctx: &mut CaseCtx<'_, '_>, request: &str) -> Result<Vec<AuditRow>> {
+    let rows = sqlx::query(
+        "SELECT id, op, old_status, new_status, output, model_version, txid, backend_pid, \
+         (extract(epoch FROM at) * 1000)::bigint AS at_ms FROM racecert_audit \
+         WHERE request_key = $1 ORDER BY id",
+    )
+    .bind(request)
+    .fetch_all(&mut *ctx.pg)
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|row| AuditRow {
+            audit_id: row.get("id"),
+            idempotency_key: request.to_owned(),
+            operation: row.get("op"),
+            old_status: row.get("old_status"),
+            // A NULL status column is no status at all: not terminal.
+            new_status: row
+                .get::<Option<String>, _>("new_status")
+                .unwrap_or_default(),
+            old_generation: None,
+            new_generation: None,
+            old_model_version: None,
+            new_model_version: row.get("model_version"),
+            old_lease_token: None,
+            new_lease_token: None,
+            worker_id: None,
+            attempt: 0,
+            output: row.get("output"),
+            txid: row.get("txid"),
+            backend_pid: row.get("backend_pid"),
+            recorded_ms: row.get("at_ms"),
+            writer: None,
+        })
+        .collect())
+}
+
+/// The case's history: the workers' starts, what its faults did, the workers' round trips and
+/// the lines of theirs racecert can read, the audit trail, the request's final row. Times are
+/// milliseconds since the case began.
+async fn history(ctx: &mut CaseCtx<'_, '_>, request: &str, input: &str) -> Result<History> {
+    let t0 = ctx.t0;
+    let since = |at: i64| (at - t0).max(0) as u64;
+    let mut events: Vec<Event> = ctx
+        .fleet
+        .workers
+        .iter()
+        .map(|w| Event {
+            step: 0,
+            at_ms: 0,
+            kind: EventKind::Harness(Observation::WorkerStarted {
+                worker: w.id.clone(),
+                version: w.version.clone(),
+            }),
+        })
+        .collect();
+    for (at, effect) in &ctx.effects {
+        events.push(Event {
+            step: 1,
+            at_ms: since(*at),
+            kind: EventKind::Fault(effect.clone()),
+        });
+    }
+    for (at, event) in case_trips(ctx) {
+        events.push(Event {
+            step: 1,
+            at_ms: since(at),
+            kind: EventKind::Wire(Box::new(event)),
+        });
+    }
+    for (at, _, line) in ctx.fleet.lines.lock().expect("poisoned").iter() {
+        if *at >= t0
+            && let Ok(line) = crate::contract::log::parse::parse_line(line)
+        {
+            events.push(Event {
+                step: 1,
+                at_ms: since(*at),
+                kind: EventKind::Worker(line),
+            });
+        }
+    }
+    events.sort_by_key(|e| e.at_ms);
+    let audit = audit_rows(ctx, request).await?;
+    let last = audit.last();
+    let jobs = last
+        .map(|row| JobRow {
+            idempotency_key: request.to_owned(),
+            request_id: request.to_owned(),
+            status: row.new_status.clone(),
+            generation: 0,
+            model_version: row.new_model_version.clone(),
+            output: row.output.clone(),
+            lease_token: None,
+            worker_id: None,
+        })
+        .into_iter()
+        .collect();
+    let connections = ctx
+        .fleet
+        .workers
+        .iter()
+        .flat_map(|w| {
+            w.links
+                .backend_pids()
+                .into_iter()
+                .map(|pid| (pid, w.id.clone()))
+        })
+        .collect();
+    let mut history = History {
+        events,
+        audit,
+        journal: ctx.journal().await,
+        jobs,
+        requests: vec![SubmittedRequest {
+            request_id: request.to_owned(),
+            idempotency_key: request.to_owned(),
+            input: input.to_owned(),
+        }],
+        // Real clocks: a lease runs out by the TTL its SET gave it.
+        lease_ttl_ms: Some(0),
+        namespace: None,
+        wire_recorded: true,
+        layout: ctx.system.keys.clone(),
+        terminal: ctx.system.results.terminal.clone(),
+        connections,
+    };
+    history.attribute_writers();
+    Ok(history)
+}
+
+/// The verdict of one case: its history judged by the one judge ([`crate::check`]), with the
+/// invariants the system's description makes judgeable; and its sequence diagram.
+pub(super) async fn judge(
+    ctx: &mut CaseCtx<'_, '_>,
+    number: u32,
+    fault: FaultKind,
+    request: String,
+    input: &str,
+) -> Result<SystemCase> {
+    let system = ctx.system;
+    let results = &system.results;
+    let history = history(ctx, &request, input).await?;
+    let (invariants, not_judged) = judged(system);
+    let case = CaseResult::judge(history, &invariants);
+    for write in &case.history.audit {
+        let terminal = case.history.is_final(write);
+        ctx.arrows.push(Arrow {
+            at_ms: write.recorded_ms.unwrap_or(ctx.t0) - ctx.t0,
+            from: write.writer.clone().unwrap_or_else(|| "db".into()),
+            to: "db".into(),
+            label: format!(
+                "{} {} {}->{}{}",
+                write.operation,
+                results.table,
+                write.old_status.as_deref().unwrap_or("-"),
+                write.new_status,
+                write
+                    .output
+                    .as_ref()
+                    .map(|o| format!(" output={o}"))
+                    .unwrap_or_default()
+            ),
+            kind: if terminal { "write" } else { "message" }.into(),
+        });
+    }
+    // What the workers said about it (Celery's own received/succeeded lines, the task's own).
+    let task_lines: Vec<(i64, String, String)> = ctx
+        .fleet
+        .lines
+        .lock()
+        .expect("poisoned")
+        .iter()
+        .filter(|(at, _, line)| {
+            *at >= ctx.t0
+                && (line.contains(&request) || line.contains("received") && line.contains("Task "))
+        })
+        .filter(|(_, _, line)| {
+            [
+                "received",
+                "succeeded in",
+                "retry_dispatched",
+                "late_write_rejected",
+                "WorkerLostError",
+                "Re-enqueued",
+                "Warm shutdown",
+                "exited with",
+            ]
+            .iter()
+            .any(|w| line.contains(w))
+        })
+        .cloned()
+        .collect();
+    for (at, label, line) in task_lines {
+        let worker = label.split('#').next().unwrap_or(&label).to_owned();
+        let short = line
+            .split_once("]: ")
+            .or_else(|| line.split_once("] "))
+            .map_or(line.as_str(), |(_, rest)| rest);
+        let short: String = short.chars().take(110).collect();
+        ctx.arrows.push(Arrow {
+            at_ms: at - ctx.t0,
+            from: worker.clone(),
+            to: worker,
+            label: short,
+            kind: "message".into(),
+        });
+    }
+    // The worker's own lock and cache round trips (`[keys]`), as its wire carried them.
+    let layout = system.keys.matcher();
+    let own_keys: Vec<Arrow> = case_trips(ctx)
+        .iter()
+        .filter_map(|(at, event)| match &event.trip.request {
+            Request::Redis(command)
+                if command
+                    .keys
+                    .iter()
+                    .any(|k| layout.is_lease(k) || layout.cache_version(k).is_some()) =>
+            {
+                Some(Arrow {
+                    at_ms: at - ctx.t0,
+                    from: event.worker.clone(),
+                    to: "redis".into(),
+                    label: event.trip.describe(None),
+                    kind: "message".into(),
+                })
+            }
+            _ => None,
+        })
+        .collect();
+    ctx.arrows.extend(own_keys);
+    let model_calls = ctx.request_calls().await;
+    let final_writes = case
+        .history
+        .audit
+        .iter()
+        .filter(|w| case.history.is_final(w))
+        .count();
+    for v in &case.violations {
+        ctx.note(
+            "db",
+            "db",
+            format!("VIOLATION {}: {}", v.invariant, v.observed),
+            "violation",
+        );
+    }
+    let mut arrows = std::mem::take(&mut ctx.arrows);
+    arrows.sort_by_key(|a| a.at_ms);
+    let mut lanes = vec!["racecert".to_owned(), "redis".to_owned()];
+    for worker in &ctx.fleet.workers {
+        lanes.push(worker.id.clone());
+    }
+    for (version, _) in &system.versions {
+        lanes.push(format!("model {version}"));
+    }
+    lanes.push("db".into());
+    Ok(SystemCase {
+        number,
+        fault,
+        request,
+        writes: case.history.audit.clone(),
+        violations: case.violations.clone(),
+        not_judged,
+        diagram: arrows,
+        lanes,
+        elapsed_ms: 0,
+        model_calls,
+        final_writes,
+    })
+}
+
+/// The round trips the workers sent since the case began, with their times.
+fn case_trips(ctx: &CaseCtx<'_, '_>) -> Vec<(i64, WireEvent)> {
+    ctx.fleet
+        .wire
+        .lock()
+        .expect("poisoned")
+        .iter()
+        .filter(|(at, _)| *at >= ctx.t0)
+        .cloned()
+        .collect()
+}
+
+/// A case's sequence diagram as text: one column per lane, one row per arrow, time on the left.
+pub fn sequence_text(case: &SystemCase) -> String {
+    const W: usize = 12;
+    let col = |lane: &str| case.lanes.iter().position(|l| l == lane).unwrap_or(0);
+    let mut out = String::new();
+    out.push_str("         ");
+    for lane in &case.lanes {
+        let name: String = lane.chars().take(W - 1).collect();
+        out.push_str(&format!("{name:<W$}"));
+    }
+    out.push('\n');
+    for arrow in &case.diagram {
+        let (a, b) = (col(&arrow.from), col(&arrow.to));
+        let (lo, hi) = (a.min(b), a.max(b));
+        let mut row: Vec<char> = (0..case.lanes.len() * W)
+            .map(|i| if i % W == 0 { '|' } else { ' ' })
+            .collect();
+        if arrow.kind == "fault" || arrow.kind == "violation" {
+            let mark = if arrow.kind == "fault" { '~' } else { '!' };
+            row[a * W] = mark;
+        } else if lo == hi {
+            row[a * W] = '*';
+        } else {
+            for cell in row.iter_mut().take(hi * W).skip(lo * W + 1) {
+                *cell = '-';
+            }
+            if b > a {
+                row[hi * W - 1] = '>';
+                row[lo * W] = 'o';
+            } else {
+                row[lo * W + 1] = '<';
+                row[hi * W] = 'o';
+            }
+        }
+        let line: String = row.into_iter().collect();
+        out.push_str(&format!(
+            "{:>7}ms {} {}\n",
+            arrow.at_ms,
+            line.trim_end(),
+            arrow.label
+        ));
+    }
+    out
+}

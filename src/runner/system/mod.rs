@@ -1,0 +1,604 @@
+//! The system runner: certifies a worker racecert did not write, from its system description
+//! (crate::system), on its own framework, tables and model API. It provisions what the file asks
+//! (a Python environment, a setup build), gives the run a database and a Redis database of its
+//! own with racecert's audit trigger on the team's result table, starts one worker process per
+//! model version (each behind proxy listeners of its own, so its Redis, Postgres and model round
+//! trips are recorded on the wire), then runs cases: one request, one fault the framework really
+//! has, a drain, a verdict from the audit trail.
+//!
+//! Faults per preset (docs/systems.md, sections 4 and 5):
+//! - Celery: a model call that outlives `visibility_timeout`, then a sweep (the idle worker's broker
+//!   connection reset at its proxy: kombu restores on reconnect); a forced restore (the delivery's
+//!   score in `unacked_index` aged, then the same sweep); SIGKILL of the pool child; SIGKILL of the
+//!   main process (restarted once the delivery is older than the visibility timeout); SIGTERM
+//!   (warm shutdown) mid-task; prefetch > 1 (one worker run with a prefetch multiplier, the
+//!   request reserved behind a slow task until it is older than the visibility timeout, then a
+//!   sweep).
+//! - apalis: missed heartbeats (SIGSTOP of the worker mid-call past `heartbeat_s x
+//!   missed_heartbeats`, SIGCONT once another worker finished the requeued job); SIGKILL and a
+//!   restart under the same worker name.
+//! - every framework: SIGKILL of the worker mid-call and a restart.
+
+mod case;
+mod fleet;
+mod judge;
+#[cfg(test)]
+mod tests;
+
+pub use judge::sequence_text;
+
+use crate::check::{Invariant, Violation};
+use crate::env::TestBed;
+use crate::env::backends::ModelBackend;
+use crate::env::python::Venv;
+use crate::fault::FaultKind;
+use crate::history::AuditRow;
+use crate::system::System;
+use crate::system::preset::audit_sql;
+use crate::wire::WireEvent;
+use crate::{Error, Result};
+use case::{Aim, CaseCtx, run_case};
+use fleet::{Fleet, Worker, configure, open_links, with_path};
+use rand::RngExt;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use serde::{Deserialize, Serialize};
+use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::process::Command;
+
+/// Settings of a system run.
+#[derive(Debug, Clone)]
+pub struct SystemSettings {
+    /// Cases at most.
+    pub cases: u32,
+    /// The run's seed: case `n`'s fault and ids come from `(seed, n)`.
+    pub seed: u64,
+    /// Wall-clock budget for the cases (start-up and setup not counted).
+    pub budget: Duration,
+    /// Faults run in turn, case 1 the first (empty: drawn from the framework's own by the seed).
+    pub faults: Vec<FaultKind>,
+    /// Only this case number (a replay); `None`: cases 1, 2, ...
+    pub only_case: Option<u32>,
+    /// Stop at the first failing case.
+    pub stop_at_first_failure: bool,
+    /// How long a worker may take to be ready.
+    pub startup_deadline: Duration,
+    /// What the run is looking for (a replay's diagnoses): with goals, a case whose fault serves
+    /// only goals already met is skipped. Empty: every case runs.
+    pub goals: Vec<Goal>,
+}
+
+/// Something a run looks for: a case with one of `faults` that breaks one of `breaks`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Goal {
+    /// The faults that can meet it.
+    pub faults: Vec<FaultKind>,
+    /// The invariants whose breach meets it.
+    pub breaks: Vec<String>,
+}
+
+impl Goal {
+    /// Whether one of `cases` met it.
+    pub fn met(&self, cases: &[SystemCase]) -> bool {
+        cases.iter().any(|case| {
+            self.faults.contains(&case.fault)
+                && case
+                    .violations
+                    .iter()
+                    .any(|v| self.breaks.iter().any(|b| b == v.invariant.name()))
+        })
+    }
+}
+
+/// Whether a case with `fault` can still meet a goal (always, without goals).
+fn still_needed(goals: &[Goal], fault: FaultKind, cases: &[SystemCase]) -> bool {
+    goals.is_empty()
+        || goals
+            .iter()
+            .any(|goal| goal.faults.contains(&fault) && !goal.met(cases))
+}
+
+impl SystemSettings {
+    /// Up to 20 cases in 60 seconds, stopping at the first failure.
+    pub fn certify(seed: u64) -> SystemSettings {
+        SystemSettings {
+            cases: 20,
+            seed,
+            budget: Duration::from_secs(60),
+            faults: Vec::new(),
+            only_case: None,
+            stop_at_first_failure: true,
+            startup_deadline: Duration::from_secs(60),
+            goals: Vec::new(),
+        }
+    }
+}
+
+/// One arrow (or fault band, or note) of a case's sequence diagram.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Arrow {
+    /// Milliseconds since the case started.
+    pub at_ms: i64,
+    /// Lane it starts at.
+    pub from: String,
+    /// Lane it ends at (same as `from` for a fault band or a note).
+    pub to: String,
+    /// Text on it.
+    pub label: String,
+    /// `message`, `fault`, `write` or `violation`.
+    pub kind: String,
+}
+
+/// One case of a system run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SystemCase {
+    /// Its number (replay with `--case`).
+    pub number: u32,
+    /// The fault injected.
+    pub fault: FaultKind,
+    /// The request submitted.
+    pub request: String,
+    /// Every write of the request's row, in order, each attributed to the worker whose
+    /// connection carried it.
+    pub writes: Vec<AuditRow>,
+    /// Broken invariants.
+    pub violations: Vec<Violation>,
+    /// Invariants the system's description gives nothing to judge by (no generation or lease
+    /// token column, no `[keys]`): reported, never counted as held.
+    #[serde(default)]
+    pub not_judged: Vec<Invariant>,
+    /// The sequence diagram.
+    pub diagram: Vec<Arrow>,
+    /// Lanes of the diagram, left to right.
+    pub lanes: Vec<String>,
+    /// How long it took.
+    pub elapsed_ms: u64,
+    /// Model calls made for the request.
+    pub model_calls: usize,
+    /// Writes that set a terminal status.
+    pub final_writes: usize,
+}
+
+/// The result of a system run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SystemOutcome {
+    /// The system's name.
+    pub system: String,
+    /// The seed.
+    pub seed: u64,
+    /// Cases run.
+    pub cases: Vec<SystemCase>,
+    /// Per worker, how long it took to be ready (first start).
+    pub startup_ms: BTreeMap<String, u64>,
+    /// Milliseconds from the first case's start to the end of the first failing case.
+    pub first_failure_ms: Option<u64>,
+    /// Per process start (`worker-a#1`): its stdout and stderr.
+    pub outputs: BTreeMap<String, String>,
+    /// Every line the workers printed, in the order racecert read them (what the team's log
+    /// collector would hold; `racecert replay LOG --system FILE` reads it back).
+    #[serde(default)]
+    pub log: Vec<WorkerLine>,
+}
+
+/// One line a worker printed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerLine {
+    /// Unix milliseconds when racecert read it.
+    pub at_ms: i64,
+    /// The worker (`worker-a`), the same across its restarts.
+    pub worker: String,
+    /// The line.
+    pub line: String,
+}
+
+impl SystemOutcome {
+    /// No case broke an invariant.
+    pub fn passed(&self) -> bool {
+        self.cases.iter().all(|c| c.violations.is_empty())
+    }
+
+    /// The first failing case.
+    pub fn first_failure(&self) -> Option<&SystemCase> {
+        self.cases.iter().find(|c| !c.violations.is_empty())
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Lines the workers printed: (unix ms, process label, line).
+type Lines = Arc<Mutex<Vec<(i64, String, String)>>>;
+/// Round trips the workers' links carried: (unix ms, event).
+type Wire = Arc<Mutex<Vec<(i64, WireEvent)>>>;
+
+/// Runs a system against `bed` and judges every case from the audit trail.
+pub async fn run_system(
+    bed: &TestBed,
+    system: &System,
+    settings: &SystemSettings,
+) -> Result<SystemOutcome> {
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let faults = if settings.faults.is_empty() {
+        crate::system::preset::faults(system.framework)
+    } else {
+        settings.faults.clone()
+    };
+    if let Some(bad) = faults
+        .iter()
+        .find(|f| !crate::system::preset::faults(system.framework).contains(f))
+    {
+        return Err(Error::Config(format!(
+            "fault {bad} does not apply to framework {:?} (its faults: {})",
+            system.framework.name(),
+            crate::system::preset::faults(system.framework)
+                .iter()
+                .map(|f| f.name())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    // The Python environment, built once per requirements file and cached.
+    let venv = match &system.start.requirements {
+        Some(requirements) => {
+            let requirements = requirements.clone();
+            let venv = tokio::task::spawn_blocking(move || Venv::ensure(&requirements))
+                .await
+                .map_err(|err| Error::other(format!("venv task: {err}")))??;
+            venv.dir().display().to_string()
+        }
+        None => String::new(),
+    };
+    // A database and a Redis database of the run's own: frameworks use fixed names (`celery`,
+    // `unacked`, `apalis.jobs`).
+    let database = format!("racecert_sys_{}_{run}", std::process::id());
+    let redis_db = 1 + (std::process::id() as u64 + run) % 15;
+    let admin_url = bed.database_direct_url();
+    let mut admin = PgConnection::connect(&admin_url).await?;
+    sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {database}")))
+        .execute(&mut admin)
+        .await?;
+    sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {database}")))
+        .execute(&mut admin)
+        .await?;
+    let outcome = run_in_database(
+        bed, system, settings, &faults, &venv, &database, redis_db, run,
+    )
+    .await;
+    let _ = sqlx::raw_sql(AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {database} WITH (FORCE)"
+    )))
+    .execute(&mut admin)
+    .await;
+    outcome
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_in_database(
+    bed: &TestBed,
+    system: &System,
+    settings: &SystemSettings,
+    faults: &[FaultKind],
+    venv: &str,
+    database: &str,
+    redis_db: u64,
+    run: u64,
+) -> Result<SystemOutcome> {
+    // The model backends of the run, answering in the worker's own API.
+    let mut backends = Vec::new();
+    for (version, name) in &system.versions {
+        backends.push(ModelBackend::start_with(name, version, system.model.clone()).await);
+    }
+    let mut model_proxies = Vec::new();
+    let outcome = run_with_backends(
+        bed,
+        system,
+        settings,
+        faults,
+        venv,
+        database,
+        redis_db,
+        run,
+        &backends,
+        &mut model_proxies,
+    )
+    .await;
+    for name in model_proxies {
+        let _ = bed.toxiproxy().delete(&name).await;
+    }
+    outcome
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_with_backends(
+    bed: &TestBed,
+    system: &System,
+    settings: &SystemSettings,
+    faults: &[FaultKind],
+    venv: &str,
+    database: &str,
+    redis_db: u64,
+    run: u64,
+    backends: &[ModelBackend],
+    model_proxies: &mut Vec<String>,
+) -> Result<SystemOutcome> {
+    let db_url = with_path(&bed.database_direct_url(), database);
+    let mut pg = PgConnection::connect(&db_url).await?;
+    prepare_results(&mut pg, system).await?;
+    let redis_url = with_path(&bed.redis_direct_url(), &redis_db.to_string());
+    let redis = redis::Client::open(redis_url.as_str())?;
+    let (connect, reply) = crate::contract::worker::HARNESS_REDIS_PATIENCE;
+    let mut rd = redis
+        .get_multiplexed_async_connection_with_config(
+            &redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(connect))
+                .set_response_timeout(Some(reply)),
+        )
+        .await?;
+    let _: () = redis::cmd("FLUSHDB").query_async(&mut rd).await?;
+
+    let lines: Lines = Arc::default();
+    let wire: Wire = Arc::default();
+    let mut workers = Vec::new();
+    for (i, (version, _)) in system.versions.iter().enumerate() {
+        let id = format!("worker-{}", (b'a' + i as u8) as char);
+        let links = open_links(bed, &wire, &id).await?;
+        // The worker's own proxy in front of its version's model.
+        let proxy_name = format!("{}-sys{run}-{id}-model", bed.id());
+        let proxy = bed
+            .toxiproxy()
+            .create(&proxy_name, "127.0.0.1:0", &backends[i].addr().to_string())
+            .await?;
+        model_proxies.push(proxy_name);
+        let model_url = format!("http://{}", proxy.listen());
+        let mut worker = Worker {
+            id,
+            command: String::new(),
+            version: version.clone(),
+            env: Vec::new(),
+            links,
+            model_url,
+            child: None,
+            starts: 0,
+            extra_env: Vec::new(),
+        };
+        configure(system, &mut worker, redis_db, database, venv);
+        workers.push(worker);
+    }
+    if let Some(setup) = &system.start.setup {
+        // The caller's tool set-up only, none of the workers' variables nor racecert's own (a
+        // build must not see the run's DATABASE_URL: sqlx's macros would check their queries
+        // against the empty test database; nor cargo's variables of an enclosing `cargo test`,
+        // which would make the team's build start over).
+        let output = Command::new("sh")
+            .arg("-c")
+            .arg(setup)
+            .current_dir(&system.start.workdir)
+            .env_clear()
+            .envs(
+                [
+                    "PATH",
+                    "HOME",
+                    "LANG",
+                    "CARGO_HOME",
+                    "RUSTUP_HOME",
+                    "TMPDIR",
+                ]
+                .iter()
+                .filter_map(|k| std::env::var(k).ok().map(|v| (*k, v))),
+            )
+            .output()
+            .await
+            .map_err(|err| Error::io(format!("setup `{setup}`"), err))?;
+        if !output.status.success() {
+            return Err(Error::Config(format!(
+                "{}: setup `{setup}` failed ({}):\n{}",
+                system.place("start.setup"),
+                output.status,
+                tail(&String::from_utf8_lossy(&output.stderr), 20)
+            )));
+        }
+    }
+    let mut fleet = Fleet {
+        system,
+        ready: system.start.ready.clone(),
+        workers,
+        lines: lines.clone(),
+        wire: wire.clone(),
+        readers: Vec::new(),
+        deadline: settings.startup_deadline,
+    };
+    let mut startup_ms = BTreeMap::new();
+    let mut result = Ok(());
+    // One at a time: two start-ups at once share the machine's cores and would each look slower.
+    for index in 0..fleet.workers.len() {
+        match fleet.start(index).await {
+            Ok(took) => {
+                startup_ms.insert(fleet.workers[index].id.clone(), took.as_millis() as u64);
+            }
+            Err(err) => {
+                result = Err(err);
+                break;
+            }
+        }
+    }
+    let mut cases = Vec::new();
+    let mut first_failure_ms = None;
+    if result.is_ok() {
+        let began = Instant::now();
+        let numbers: Vec<u32> = match settings.only_case {
+            Some(n) => vec![n],
+            None => (1..=settings.cases).collect(),
+        };
+        for number in numbers {
+            if crate::interrupt::requested().is_some()
+                || (settings.only_case.is_none() && began.elapsed() >= settings.budget)
+            {
+                break;
+            }
+            let mut rng = StdRng::seed_from_u64(settings.seed ^ (u64::from(number) << 32));
+            // Faults given: each in turn, so every one is exercised; else drawn from the seed.
+            let drawn = rng.random_range(0..faults.len());
+            let fault = if settings.faults.is_empty() {
+                faults[drawn]
+            } else {
+                faults[(number as usize - 1) % faults.len()]
+            };
+            if !still_needed(&settings.goals, fault, &cases) {
+                continue;
+            }
+            let mut ctx = CaseCtx {
+                bed,
+                redis_db,
+                database: database.to_owned(),
+                venv: venv.to_owned(),
+                backends,
+                system,
+                fleet: &mut fleet,
+                pg: &mut pg,
+                rd: &mut rd,
+                rng,
+                prefix: format!("rs{}x{run}c{number}", std::process::id()),
+                arrows: Vec::new(),
+                t0: now_ms(),
+                first: number == 1 || settings.only_case.is_some(),
+                companions: Vec::new(),
+                aim: Aim::default(),
+                effects: Vec::new(),
+            };
+            let started = Instant::now();
+            match run_case(&mut ctx, number, fault, venv, redis_db, database).await {
+                Ok(mut case) => {
+                    case.elapsed_ms = started.elapsed().as_millis() as u64;
+                    let failed = !case.violations.is_empty();
+                    cases.push(case);
+                    if failed {
+                        first_failure_ms.get_or_insert(began.elapsed().as_millis() as u64);
+                        if settings.stop_at_first_failure {
+                            break;
+                        }
+                    }
+                }
+                Err(err) => {
+                    result = Err(err);
+                    break;
+                }
+            }
+        }
+    }
+    for index in 0..fleet.workers.len() {
+        fleet.stop(index, Duration::from_secs(5)).await;
+    }
+    for reader in std::mem::take(&mut fleet.readers) {
+        let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
+    }
+    for worker in &fleet.workers {
+        worker.links.stop_recording();
+    }
+    result?;
+    let mut outputs: BTreeMap<String, String> = BTreeMap::new();
+    let mut log = Vec::new();
+    for (at_ms, label, line) in lines.lock().expect("poisoned").iter() {
+        let entry = outputs.entry(label.clone()).or_default();
+        entry.push_str(line);
+        entry.push('\n');
+        log.push(WorkerLine {
+            at_ms: *at_ms,
+            worker: label.split('#').next().unwrap_or(label).to_owned(),
+            line: line.clone(),
+        });
+    }
+    // Stdout and stderr are read by separate tasks: time order, as a collector would merge them.
+    log.sort_by_key(|l| l.at_ms);
+    Ok(SystemOutcome {
+        system: system.name.clone(),
+        seed: settings.seed,
+        cases,
+        startup_ms,
+        first_failure_ms,
+        outputs,
+        log,
+    })
+}
+
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Applies the schema, checks every declared column exists, installs the audit trigger.
+async fn prepare_results(pg: &mut PgConnection, system: &System) -> Result<()> {
+    let results = &system.results;
+    if let Some(schema) = &results.schema {
+        let sql = std::fs::read_to_string(schema).map_err(|err| Error::io_at(schema, err))?;
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&mut *pg)
+            .await
+            .map_err(|err| {
+                Error::Config(format!(
+                    "{}: applying schema {}: {err}",
+                    system.place("results.table"),
+                    schema.display()
+                ))
+            })?;
+    }
+    let columns: Vec<String> = sqlx::query(
+        "SELECT column_name::text FROM information_schema.columns WHERE table_name = $1 \
+         AND table_schema = current_schema() ORDER BY ordinal_position",
+    )
+    .bind(&results.table)
+    .fetch_all(&mut *pg)
+    .await?
+    .iter()
+    .map(|row| row.get::<String, _>(0))
+    .collect();
+    if columns.is_empty() {
+        return Err(Error::Config(format!(
+            "{}: table {:?} does not exist{}",
+            system.place("results.table"),
+            results.table,
+            match &results.schema {
+                Some(schema) => format!(" after applying {}", schema.display()),
+                None => " (no `schema` file to create it)".into(),
+            }
+        )));
+    }
+    for (field, column) in [
+        ("results.key", Some(&results.key)),
+        ("results.status", Some(&results.status)),
+        ("results.output", Some(&results.output)),
+        ("results.version", results.version.as_ref()),
+    ] {
+        if let Some(column) = column
+            && !columns.contains(column)
+        {
+            return Err(Error::Config(format!(
+                "{}: table {:?} has no column {column:?} (its columns: {})",
+                system.place(field),
+                results.table,
+                columns.join(", ")
+            )));
+        }
+    }
+    sqlx::raw_sql(AssertSqlSafe(audit_sql(results)))
+        .execute(&mut *pg)
+        .await?;
+    Ok(())
+}
+
+/// The command that reruns exactly case `number` of `file` with `seed`.
+pub fn replay_command(file: &Path, seed: u64, number: u32, fault: FaultKind) -> String {
+    format!(
+        "racecert replay --system {} --seed {seed} --case {number} --fault {fault}",
+        file.display()
+    )
+}

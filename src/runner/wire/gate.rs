@@ -1,0 +1,291 @@
+//! The gate of one worker's links: it holds each effectful request before it reaches its server
+//! until the schedule releases it, records which requests were released (their fingerprints), and
+//! lets set-up, health checks and empty queue polls pass.
+
+use crate::wire::{Holder, PgRequest, RedisReply, Reply, Request, RoundTrip, WireEvent};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, oneshot};
+
+/// Whether a request passes without holding: connection set-up, health checks, statements only
+/// prepared. (Decided on the request alone: the reply is not known yet.)
+pub(super) fn passes(request: &Request) -> bool {
+    match request {
+        Request::Postgres(PgRequest::Startup(_) | PgRequest::Cancel) => true,
+        Request::Postgres(PgRequest::Batch(batch)) => batch.statements.iter().all(|s| !s.executed),
+        Request::Redis(command) => matches!(
+            command.name.as_str(),
+            "PING"
+                | "HELLO"
+                | "AUTH"
+                | "SELECT"
+                | "CLIENT"
+                | "SCRIPT"
+                | "COMMAND"
+                | "INFO"
+                | "READONLY"
+                | "ECHO"
+        ),
+        Request::Http(_) => false,
+    }
+}
+
+fn is_poll(request: &Request) -> bool {
+    matches!(request, Request::Redis(c) if c.name == "XAUTOCLAIM" || c.name == "XREADGROUP")
+}
+
+/// Whether a finished round trip decided nothing a schedule counts: effectless traffic, a queue
+/// poll that got nothing, a consumer group created again (it exists).
+pub(super) fn uncounted(trip: &RoundTrip) -> bool {
+    if trip.is_effectless() {
+        return true;
+    }
+    let Request::Redis(command) = &trip.request else {
+        return false;
+    };
+    let reply = match &trip.reply {
+        Some(Reply::Redis(reply)) => reply,
+        _ => return false,
+    };
+    match command.name.as_str() {
+        "XREADGROUP" => matches!(reply, RedisReply::Nil | RedisReply::Array { len: 0, .. }),
+        "XAUTOCLAIM" => match reply {
+            RedisReply::Array { items, .. } => {
+                matches!(items.get(1), Some(RedisReply::Array { len: 0, .. }) | None)
+            }
+            RedisReply::Nil => true,
+            _ => false,
+        },
+        "XGROUP" => matches!(reply, RedisReply::Error(e) if e.starts_with("BUSYGROUP")),
+        _ => false,
+    }
+}
+
+struct Held {
+    link: String,
+    conn: u64,
+    first: u64,
+    count: u64,
+    fingerprint: String,
+    poll: bool,
+    release: oneshot::Sender<()>,
+    since: Instant,
+}
+
+#[derive(Default)]
+struct GateState {
+    /// Everything goes through (the drain).
+    open: bool,
+    next_seq: HashMap<(String, u64), u64>,
+    held: VecDeque<Held>,
+    done: HashMap<(String, u64, u64), RoundTrip>,
+    /// When the worker last completed a counted round trip.
+    progress: Option<Instant>,
+    /// Per-case names replaced in fingerprints (a case's idempotency keys by `{req#i}`), so a
+    /// case's fingerprints are the same whichever run it is.
+    aliases: Vec<(String, String)>,
+}
+
+/// One worker's holder: holds its effectful requests until the scheduler releases them.
+pub(super) struct Gate {
+    pub(super) worker: String,
+    pub(super) namespace: String,
+    pub(super) max_hold: Duration,
+    state: Mutex<GateState>,
+    pub(super) changed: Notify,
+    pub(super) timeouts: Arc<Mutex<Vec<String>>>,
+}
+
+impl Gate {
+    pub(super) fn new(worker: &str, namespace: &str, max_hold: Duration) -> Arc<Gate> {
+        Arc::new(Gate {
+            worker: worker.to_owned(),
+            namespace: namespace.to_owned(),
+            max_hold,
+            state: Mutex::new(GateState::default()),
+            changed: Notify::new(),
+            timeouts: Arc::default(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.state.lock().expect("poisoned")
+    }
+
+    pub(super) fn print_with(&self, aliases: &[(String, String)], request: &Request) -> String {
+        let mut print = request.fingerprint(Some(&self.namespace)).0;
+        for (name, alias) in aliases {
+            print = print.replace(name.as_str(), alias);
+        }
+        print
+    }
+
+    /// A request's fingerprint in this case.
+    pub(super) fn print(&self, request: &Request) -> String {
+        let aliases = self.lock().aliases.clone();
+        self.print_with(&aliases, request)
+    }
+
+    /// Forgets the last case: finished trips, progress, timeouts; `aliases` name this one's.
+    pub(super) fn begin(&self, aliases: Vec<(String, String)>) {
+        let mut state = self.lock();
+        state.done.clear();
+        state.progress = None;
+        state.aliases = aliases;
+        self.timeouts.lock().expect("poisoned").clear();
+    }
+
+    /// Holds again (between cases).
+    pub(super) fn close(&self) {
+        self.lock().open = false;
+    }
+
+    pub(super) fn trip(&self, event: &WireEvent) {
+        let trip = &event.trip;
+        {
+            let mut state = self.lock();
+            if !uncounted(trip) {
+                state.progress = Some(Instant::now());
+            }
+            state
+                .done
+                .insert((trip.link.clone(), trip.conn, trip.seq), trip.clone());
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// The oldest live held request (dropping those whose hold ended without us): its
+    /// fingerprint and whether it is a queue poll.
+    pub(super) fn front(&self, notes: &mut Vec<String>) -> Option<(String, bool)> {
+        let mut state = self.lock();
+        while let Some(held) = state.held.front() {
+            if held.release.is_closed() {
+                let held = state.held.pop_front().expect("front");
+                notes.push(format!(
+                    "{}'s held `{}` went on without the schedule after {} ms (its hold ended: \
+                     the longest hold, or the worker's own timeout)",
+                    self.worker,
+                    held.fingerprint,
+                    held.since.elapsed().as_millis()
+                ));
+                continue;
+            }
+            return Some((held.fingerprint.clone(), held.poll));
+        }
+        None
+    }
+
+    /// Waits up to `wait` for a live held request.
+    pub(super) async fn arrival(
+        &self,
+        wait: Duration,
+        notes: &mut Vec<String>,
+    ) -> Option<(String, bool)> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(front) = self.front(notes) {
+                return Some(front);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || tokio::time::timeout(left, notified).await.is_err() {
+                return self.front(notes);
+            }
+        }
+    }
+
+    /// Releases the oldest held request and waits up to `answer` for its round trips; `None` if
+    /// they did not all finish (the worker is blocked), else the finished trips.
+    pub(super) async fn release(&self, answer: Duration) -> Option<Vec<RoundTrip>> {
+        let (link, conn, first, count) = {
+            let mut state = self.lock();
+            let held = state.held.pop_front()?;
+            let _ = held.release.send(());
+            (held.link, held.conn, held.first, held.count)
+        };
+        let deadline = Instant::now() + answer;
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let state = self.lock();
+                let trips: Vec<RoundTrip> = (first..first + count)
+                    .filter_map(|seq| state.done.get(&(link.clone(), conn, seq)).cloned())
+                    .collect();
+                if trips.len() as u64 == count {
+                    return Some(trips);
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || tokio::time::timeout(left, notified).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    /// Lets everything through from now on, the held requests first.
+    pub(super) fn open(&self) {
+        let mut state = self.lock();
+        state.open = true;
+        for held in state.held.drain(..) {
+            let _ = held.release.send(());
+        }
+    }
+
+    pub(super) fn progress(&self) -> Option<Instant> {
+        self.lock().progress
+    }
+}
+
+impl Holder for Gate {
+    fn before(
+        &self,
+        link: &str,
+        conn: u64,
+        requests: &[Request],
+    ) -> Option<BoxFuture<'static, ()>> {
+        let mut state = self.lock();
+        let seq = state.next_seq.entry((link.to_owned(), conn)).or_default();
+        let first = *seq;
+        *seq += requests.len() as u64;
+        if state.open || requests.iter().all(passes) {
+            return None;
+        }
+        let (tx, rx) = oneshot::channel();
+        let fingerprint = requests
+            .iter()
+            .map(|r| self.print_with(&state.aliases, r))
+            .collect::<Vec<_>>()
+            .join(" + ");
+        state.held.push_back(Held {
+            link: link.to_owned(),
+            conn,
+            first,
+            count: requests.len() as u64,
+            fingerprint: fingerprint.clone(),
+            poll: requests.first().is_some_and(is_poll),
+            release: tx,
+            since: Instant::now(),
+        });
+        drop(state);
+        self.changed.notify_waiters();
+        let (max, timeouts, worker) = (self.max_hold, self.timeouts.clone(), self.worker.clone());
+        Some(
+            async move {
+                if tokio::time::timeout(max, rx).await.is_err() {
+                    timeouts.lock().expect("poisoned").push(format!(
+                        "{worker}'s `{fingerprint}` held past the longest hold ({} ms): let go",
+                        max.as_millis()
+                    ));
+                }
+            }
+            .boxed(),
+        )
+    }
+}
