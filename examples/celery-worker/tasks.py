@@ -165,6 +165,20 @@ def infer_fenced(self, request_id, input):
     run_fenced(self, request_id, input)
 
 
+@app.task(
+    bind=True,
+    name="tasks.infer_fenced_acked",
+    **{k: v for k, v in RERUN_SAFELY.items() if k != "reject_on_worker_lost"},
+)
+def infer_fenced_acked(self, request_id, input):
+    """The fenced task as a team writes it first: the epoch fence is right, but without
+    ``reject_on_worker_lost`` Celery acks the message of a pool child killed mid-task (its
+    default), so nothing runs the job again and its row stays RUNNING: a lost job that only a
+    kill of the child holding it shows."""
+    received(self, request_id)
+    run_fenced(self, request_id, input)
+
+
 def run_fenced(task, request_id, input):
     """The fenced body: epoch at start, final write only while the epoch is still the row's."""
     with connect() as conn:

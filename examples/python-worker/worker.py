@@ -72,6 +72,19 @@ SET status = 'SUCCEEDED', output = %(output)s, model_version = %(version)s,
 WHERE idempotency_key = %(key)s
 """
 
+# --fence-on-status: the final write fenced by the status alone, not by the lease token, with the
+# generation the attempt computed when it took the job. Right while only one attempt holds the
+# job; a takeover between the take and the write (lease expiry, then another worker's take) lets
+# the late attempt write over the new holder's IN_PROGRESS row with a generation that does not
+# increase. Three ordered steps of two workers: a take, a takeover, a write.
+STATUS_FENCED_WRITE_SQL = """
+UPDATE inference_jobs
+SET status = 'SUCCEEDED', output = %(output)s, model_version = %(version)s,
+    generation = %(next_generation)s, lease_token = %(token)s,
+    updated_at = clock_timestamp(), completed_at = clock_timestamp()
+WHERE idempotency_key = %(key)s AND status = 'IN_PROGRESS'
+"""
+
 # --read-then-write: the final transition as a read, then a write in a second statement; the
 # check is right when it runs and may be stale when the write lands (a time-of-check bug).
 CHECK_OWNER_SQL = """
@@ -229,6 +242,10 @@ class Bugs:
     lease_without_nx: bool = False  # SET the lease without NX: always "acquired"
     cache_active_namespace: bool = False  # cache under the version live when writing
     read_then_write: bool = False  # final transition as a read, then a write (check-then-act)
+    ack_on_receive: bool = False  # ack as soon as the job is taken: a crash mid-job loses it
+    renew_without_check: bool = False  # extend the lease before the write with SET XX, no token check
+    fence_on_status: bool = False  # final write fenced by status, not by the lease token
+    long_lease: bool = False  # leases of 20 minutes, whatever the environment says (a unit slip)
 
 
 class Worker:
@@ -376,7 +393,8 @@ class Worker:
             candidate = f"{c.worker_id}:{self.lease_seq}"
             self.lease_seq += 1
             nx = not self.bugs.lease_without_nx
-            if not self.redis.set(lease_key, candidate, nx=nx, px=c.lease_ttl_ms):
+            ttl_ms = 20 * 60 * 1000 if self.bugs.long_lease else c.lease_ttl_ms
+            if not self.redis.set(lease_key, candidate, nx=nx, px=ttl_ms):
                 self.log("INFO", a, "duplicate_skipped")
                 return
             token = candidate
@@ -394,6 +412,10 @@ class Worker:
                 return
             generation = int(row[0])
             self.log("INFO", a, "job_taken", generation=generation)
+            if self.bugs.ack_on_receive:
+                # The message is "safe": the row says IN_PROGRESS. Unless this process dies
+                # before the final write, which nothing will ever redeliver.
+                self.ack(d, a)
 
             # Version-aware cache.
             a.cache_key = c.cache_key(job_input)
@@ -418,6 +440,12 @@ class Worker:
                 self.redis.setex(write_key, CACHE_TTL_S, output)
                 self.log("INFO", a, "cache_written")
 
+            if self.bugs.renew_without_check:
+                # "Make sure the lease outlives the write": extended with a plain SET XX, which
+                # also overwrites a lease another worker took after ours ran out.
+                self.redis.set(lease_key, token, xx=True, px=c.lease_ttl_ms)
+                self.log("INFO", a, "lease_renewed")
+
             # Final write, then ack after commit, then release.
             if self.unfenced:
                 self.unfenced_write(a, key, token, generation + 1, output, from_cache)
@@ -426,7 +454,9 @@ class Worker:
                 written = self.fenced_write(a, key, token, generation + 1, output, from_cache)
             # The stream entry is the job's: a rejected late writer acks only a finished job,
             # or the job's last delivery is gone if the attempt that took over failed.
-            if written or self.job_is_terminal(key):
+            if self.bugs.ack_on_receive:
+                pass  # acked when taken
+            elif written or self.job_is_terminal(key):
                 self.ack(d, a)
             else:
                 self.log("INFO", a, "left_for_redelivery")
@@ -485,7 +515,8 @@ class Worker:
                      output: str, from_cache: bool) -> bool:
         if self.bugs.read_then_write:
             return self.checked_write(a, key, token, next_generation, output, from_cache)
-        written = self.db().execute(FENCED_WRITE_SQL, {
+        sql = STATUS_FENCED_WRITE_SQL if self.bugs.fence_on_status else FENCED_WRITE_SQL
+        written = self.db().execute(sql, {
             "key": key, "token": token, "next_generation": next_generation,
             "output": output, "version": self.config.model_version,
         }).rowcount
@@ -589,6 +620,17 @@ def main(argv: list[str]) -> int:
                         help="cache under the version live at write time (for demonstration)")
     parser.add_argument("--read-then-write", action="store_true",
                         help="final write as a read, then an unfenced write (a check-then-act race)")
+    parser.add_argument("--ack-on-receive", action="store_true",
+                        help="ack the job when taken: a crash of its holder loses it (for demonstration)")
+    parser.add_argument("--renew-without-check", action="store_true",
+                        help="extend the lease with SET XX before the write, no token check "
+                             "(a race of three ordered steps)")
+    parser.add_argument("--long-lease", action="store_true",
+                        help="take 20-minute leases whatever RACECERT_LEASE_TTL_MS says "
+                             "(a lease no pause can outlast)")
+    parser.add_argument("--fence-on-status", action="store_true",
+                        help="fence the final write on the status, not the lease token "
+                             "(a race of three ordered steps)")
     args = parser.parse_args(argv)
     try:
         config = Config.from_env(dict(os.environ))
@@ -601,6 +643,10 @@ def main(argv: list[str]) -> int:
         lease_without_nx=args.lease_without_nx,
         cache_active_namespace=args.cache_active_namespace,
         read_then_write=args.read_then_write,
+        ack_on_receive=args.ack_on_receive,
+        renew_without_check=args.renew_without_check,
+        fence_on_status=args.fence_on_status,
+        long_lease=args.long_lease,
     ))
 
     def drain(signum: int, _frame: object) -> None:

@@ -112,11 +112,77 @@ impl Coverage {
     }
 }
 
+/// What a run must exercise to earn a PASS: every fault kind in scope lands on its target at
+/// least `min_landed` times; a kind declared out of scope (with its reason) is reported, never
+/// required.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope {
+    /// The kinds the run applies.
+    pub kinds: Vec<FaultKind>,
+    /// Landings each kind in scope needs.
+    pub min_landed: u32,
+    /// Kinds the run applies but does not require, each with why.
+    pub out_of_scope: BTreeMap<FaultKind, String>,
+}
+
+impl Scope {
+    /// Every kind of `kinds` in scope, once each.
+    pub fn of(kinds: &[FaultKind]) -> Scope {
+        let mut distinct: Vec<FaultKind> = Vec::new();
+        for kind in kinds {
+            if !distinct.contains(kind) {
+                distinct.push(*kind);
+            }
+        }
+        Scope {
+            kinds: distinct,
+            min_landed: 1,
+            out_of_scope: BTreeMap::new(),
+        }
+    }
+
+    /// The kinds in scope, in order.
+    pub fn required(&self) -> impl Iterator<Item = FaultKind> + '_ {
+        self.kinds
+            .iter()
+            .copied()
+            .filter(|kind| !self.out_of_scope.contains_key(kind))
+    }
+
+    /// The kinds in scope that did not land often enough, each with why: never applied, applied
+    /// but never on its target, or unable to apply here.
+    pub fn unlanded(&self, coverage: &Coverage) -> Vec<(FaultKind, String)> {
+        self.required()
+            .filter_map(|kind| {
+                let (applied, landed) = coverage.faults.get(&kind).copied().unwrap_or((0, 0));
+                if landed >= self.min_landed {
+                    return None;
+                }
+                let why = if let Some(why) = coverage.not_applicable.get(&kind) {
+                    format!("cannot apply here: {why}")
+                } else if applied == 0 {
+                    "never applied".to_owned()
+                } else if landed == 0 {
+                    format!("applied {applied} times, never on its target")
+                } else {
+                    format!(
+                        "landed {landed} of {applied} times, {} needed",
+                        self.min_landed
+                    )
+                };
+                Some((kind, why))
+            })
+            .collect()
+    }
+}
+
 /// One attempt as the worker's lines tell it.
 #[derive(Debug, Default)]
 struct Attempt {
     key: String,
     leased: bool,
+    /// When its lease was taken (history ms), as its line says.
+    leased_at: Option<u64>,
     taken: bool,
     /// Its final write was attempted (accepted or not).
     wrote: bool,
@@ -161,7 +227,10 @@ pub fn coverage(history: &History) -> Coverage {
     // version happened in the lag window.
     let mut lag_window: Option<(String, bool)> = None;
     let mut draining = false;
+    let keys = history.layout.matcher();
+    let mut leases = super::landing::Leases::default();
     for event in &history.events {
+        leases.observe(history, event, &keys);
         match &event.kind {
             EventKind::Harness(Observation::Draining) => {
                 draining = true;
@@ -201,7 +270,9 @@ pub fn coverage(history: &History) -> Coverage {
                 }
                 match status {
                     Status::LeaseAcquired => {
-                        attempts.entry(worker).or_default().leased = true;
+                        let attempt = attempts.entry(worker).or_default();
+                        attempt.leased = true;
+                        attempt.leased_at = Some(event.at_ms);
                     }
                     Status::JobTaken => {
                         attempts.entry(worker).or_default().taken = true;
@@ -267,8 +338,25 @@ pub fn coverage(history: &History) -> Coverage {
                             coverage.applied_kind(FaultKind::LeaseExpiry, landed);
                         }
                     }
-                    Effect::WorkerPaused { worker, .. } => {
-                        let landed = attempts.get(worker).is_some_and(Attempt::mid_job);
+                    Effect::WorkerPaused { worker, ms } => {
+                        // Recorded when it resumed: it was stopped from `from` to now. It landed
+                        // only if its job was in hand and its lease really ran out meanwhile
+                        // (the wire's leases; without them, the line's lease and the TTL).
+                        let (from, to) =
+                            (event.at_ms.saturating_sub(*ms) as i64, event.at_ms as i64);
+                        let attempt = attempts.get(worker).filter(|a| a.mid_job());
+                        let lost = if leases.any() {
+                            leases.lost_during(worker, from, to)
+                        } else {
+                            attempt
+                                .and_then(|a| a.leased_at)
+                                .zip(history.lease_ttl_ms)
+                                .is_some_and(|(at, ttl)| {
+                                    let expires = (at + ttl) as i64;
+                                    expires > from && expires <= to
+                                })
+                        };
+                        let landed = attempt.is_some() && lost;
                         if counted {
                             coverage.applied_kind(FaultKind::LeaseExpiry, landed);
                         }
@@ -329,8 +417,14 @@ pub fn coverage(history: &History) -> Coverage {
                             coverage.applied_kind(*kind, false);
                         }
                     }
-                    // Landed or not is judged from what followed it (framework_landings).
-                    Effect::FrameworkFault { .. } => {}
+                    // Recorded when it began; what followed says whether it landed.
+                    Effect::FrameworkFault { kind, worker, .. } => {
+                        let landed =
+                            super::landing::framework(history, *kind, worker, event.at_ms as i64);
+                        if counted {
+                            coverage.applied_kind(*kind, landed);
+                        }
+                    }
                     Effect::NotApplicable { kind, why } => {
                         coverage
                             .not_applicable

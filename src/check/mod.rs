@@ -4,6 +4,7 @@
 //! [`coverage`] judges, from the same history, which faults reached the path they target.
 
 pub mod coverage;
+mod landing;
 mod wire;
 
 use crate::contract::log::Status;
@@ -124,6 +125,34 @@ impl FromStr for Invariant {
                     Invariant::ALL.map(Invariant::name).join(", ")
                 ))
             })
+    }
+}
+
+/// What a certificate is worth: PASSED only when every invariant held *and* every fault kind
+/// in scope landed on its target; INCONCLUSIVE when nothing failed but something in scope never
+/// landed (the run did not exercise what it claims); FAILED on a counterexample or a suite that
+/// did not come out as expected.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Verdict {
+    /// Everything in scope landed and held.
+    Passed,
+    /// Nothing failed, but not everything in scope was exercised.
+    Inconclusive,
+    /// A counterexample, an error, or a suite not as expected.
+    Failed,
+}
+
+impl Verdict {
+    /// The verdict in a word, upper case.
+    pub fn word(self) -> &'static str {
+        match self {
+            Verdict::Passed => "PASSED",
+            Verdict::Inconclusive => "INCONCLUSIVE",
+            Verdict::Failed => "FAILED",
+        }
     }
 }
 

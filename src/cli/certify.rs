@@ -3,7 +3,7 @@
 //! Reports go to `--out`; the exit code is the verdict.
 
 use super::args::CertifyArgs;
-use super::{OnSignal, json, progress_bars, verdict_code, with_bed, write_file};
+use super::{OnSignal, json, progress_bars, verdict_exit, with_bed, write_file};
 use crate::contract::defect::Defects;
 use crate::env::{TestBed, TestBedBuilder};
 use crate::report::Report;
@@ -148,7 +148,7 @@ async fn suites_command(
         "reports: {0}/report.html, {0}/report.json, {0}/junit.xml",
         out.display()
     );
-    Ok(verdict_code(report.passed()))
+    Ok(verdict_exit(report.verdict()))
 }
 
 async fn external(
@@ -244,7 +244,7 @@ async fn external(
         "reports: {0}/report.html, {0}/report.json, {0}/junit.xml (worker stdout/stderr in the HTML and JSON)",
         out.display()
     );
-    Ok(verdict_code(report.passed()))
+    Ok(verdict_exit(report.verdict()))
 }
 
 /// `certify --system` and `replay --system --case`: a test bed, the system run, its reports.
@@ -275,5 +275,5 @@ pub async fn system(file: &Path, settings: SystemSettings, out: &Path) -> Result
         html.display(),
         log.display()
     );
-    Ok(verdict_code(outcome.passed()))
+    Ok(verdict_exit(outcome.verdict()))
 }

@@ -51,6 +51,20 @@ pub fn verdict_code(passed: bool) -> ExitCode {
     }
 }
 
+/// The exit code of a verdict: 0 PASSED, 1 FAILED, 4 INCONCLUSIVE; a signal's code if one
+/// stopped the run.
+pub fn verdict_exit(verdict: crate::check::Verdict) -> ExitCode {
+    use crate::check::Verdict;
+    if crate::interrupt::requested().is_some() {
+        return interrupted_code();
+    }
+    match verdict {
+        Verdict::Passed => ExitCode::SUCCESS,
+        Verdict::Failed => ExitCode::FAILURE,
+        Verdict::Inconclusive => ExitCode::from(INCONCLUSIVE),
+    }
+}
+
 /// How `work` meets a signal: it stops itself at its next step and reports what it did (an
 /// exploration, a fleet run), or it is dropped where it stands (a replay, the smoke scenario).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -157,9 +171,12 @@ pub fn stop_on_signals() -> Result<()> {
 pub fn quiet_backend_connection_panics() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        let in_wiremock = info
-            .location()
-            .is_some_and(|at| at.file().contains("/wiremock-"));
+        // The registry's copy (`.../wiremock-0.6.5/src/...`) or the patched one in the tree
+        // (`vendor/wiremock/src/...`).
+        let in_wiremock = info.location().is_some_and(|at| {
+            let file = at.file();
+            file.contains("/wiremock-") || file.contains("vendor/wiremock/")
+        });
         if in_wiremock {
             let message = info
                 .payload()

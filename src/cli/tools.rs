@@ -2,7 +2,7 @@
 //! leftovers, the fault proxy server, the reference worker as a process, report merging.
 
 use super::args::{ImagesCommand, ProxyCommand, ReportCommand, ServiceArg};
-use super::{OnSignal, interrupted_code, verdict_code, with_bed};
+use super::{OnSignal, interrupted_code, with_bed};
 use crate::env::images::{self, ImageConfig, Service};
 use crate::env::{TestBed, reaper};
 use crate::report::Report;
@@ -21,7 +21,7 @@ pub fn report(command: ReportCommand, color: bool) -> Result<ExitCode> {
     merged.write_all(&out)?;
     print!("{}", merged.terminal_with(color));
     println!("reports: {}", out.display());
-    Ok(verdict_code(merged.passed()))
+    Ok(super::verdict_exit(merged.verdict()))
 }
 
 /// `racecert worker`: the reference worker as a process under the contract's environment.

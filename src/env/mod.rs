@@ -257,6 +257,8 @@ pub enum Target {
     Postgres,
     /// The model backend with this index (0: first version).
     Backend(usize),
+    /// A model backend outside the bed, at this address (a team's system's own backends).
+    Upstream(SocketAddr),
 }
 
 impl Target {
@@ -265,6 +267,7 @@ impl Target {
             Target::Redis => "redis".into(),
             Target::Postgres => "postgres".into(),
             Target::Backend(i) => format!("backend{i}"),
+            Target::Upstream(_) => "model".into(),
         }
     }
 }
@@ -580,6 +583,19 @@ impl TestBed {
         &self.id
     }
 
+    /// The origin of the wire's clock: round trips are stamped in microseconds since it.
+    pub fn wire_origin(&self) -> Instant {
+        self.clock
+    }
+
+    /// The origin of the wire's clock in Unix milliseconds.
+    pub fn wire_origin_unix_ms(&self) -> i64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        now - self.clock.elapsed().as_millis() as i64
+    }
+
     /// How long [`TestBedBuilder::start`] took (images present or built, containers, schema).
     pub fn startup_time(&self) -> Duration {
         self.startup
@@ -733,6 +749,7 @@ impl TestBed {
                 .ok_or_else(|| Error::Config(format!("no backend #{i}")))?
                 .server
                 .addr(),
+            Target::Upstream(addr) => addr,
         })
     }
 
@@ -783,16 +800,43 @@ impl TestBed {
         record: bool,
         holdable: bool,
     ) -> Result<CaseLinks> {
+        let models: Vec<(String, Target)> = if backends {
+            self.backends
+                .iter()
+                .enumerate()
+                .map(|(i, backend)| (backend.server.version().to_owned(), Target::Backend(i)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        self.links_over(models, record, holdable).await
+    }
+
+    /// Links in front of Redis, Postgres and the given model backends outside the bed (version,
+    /// address): a team's system's own, whose calls are then framed like the bed's.
+    pub async fn links_to(
+        &self,
+        models: &[(String, SocketAddr)],
+        record: bool,
+    ) -> Result<CaseLinks> {
+        let models = models
+            .iter()
+            .map(|(version, addr)| (version.clone(), Target::Upstream(*addr)))
+            .collect();
+        self.links_over(models, record, false).await
+    }
+
+    async fn links_over(
+        &self,
+        models: Vec<(String, Target)>,
+        record: bool,
+        holdable: bool,
+    ) -> Result<CaseLinks> {
         let redis = self.dedicated_proxy(Target::Redis).await?;
         let postgres = self.dedicated_proxy(Target::Postgres).await?;
         let mut proxies = std::collections::BTreeMap::new();
-        if backends {
-            for (i, backend) in self.backends.iter().enumerate() {
-                proxies.insert(
-                    backend.server.version().to_owned(),
-                    self.dedicated_proxy(Target::Backend(i)).await?,
-                );
-            }
+        for (version, target) in models {
+            proxies.insert(version, self.dedicated_proxy(target).await?);
         }
         let route = match (&self.proxy_server, record) {
             (Some(server), true) => {
@@ -859,7 +903,7 @@ impl TestBed {
         let (container, slot) = match target {
             Target::Redis => (self.redis_container.as_ref(), &self.redis_upstream),
             Target::Postgres => (self.postgres_container.as_ref(), &self.postgres_upstream),
-            Target::Backend(_) => {
+            Target::Backend(_) | Target::Upstream(_) => {
                 return Err(Error::Config(
                     "model backends run in-process; program a failure instead of a restart".into(),
                 ));

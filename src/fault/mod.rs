@@ -364,11 +364,11 @@ pub enum Effect {
         /// Where it was when it died (a checkpoint name), when the runner knows.
         at: Option<String>,
     },
-    /// A worker was paused, then resumed.
+    /// A worker was paused, then resumed (the effect is recorded when it resumes).
     WorkerPaused {
         /// Its id.
         worker: String,
-        /// For how long, ms.
+        /// How long it really stayed paused, ms.
         ms: u64,
     },
     /// A backend answers normally again.
@@ -584,14 +584,15 @@ pub trait Plane: Send {
         let _ = worker;
         async { Err(unsupported("crashing a worker")) }
     }
-    /// Pauses worker `worker` for `pause`, then resumes it; false when the runner cannot pause.
+    /// Pauses worker `worker` for up to `pause`, then resumes it; how long it really stayed
+    /// paused (a runner may wake it early), or None when the runner cannot pause.
     fn pause_worker(
         &mut self,
         worker: usize,
         pause: Duration,
-    ) -> impl Future<Output = Result<bool>> + Send {
+    ) -> impl Future<Output = Result<Option<Duration>>> + Send {
         let _ = (worker, pause);
-        async { Ok(false) }
+        async { Ok(None) }
     }
     /// Undoes every lasting fault: links healed, backends answering normally.
     fn heal_all(&mut self) -> impl Future<Output = Result<()>> + Send {
@@ -811,19 +812,18 @@ pub async fn apply<P: Plane>(fault: &Fault, plane: &mut P) -> Result<Effect> {
         }
         Fault::PauseWorker { worker, ms } => {
             let id = plane.worker_id(*worker);
-            if plane
+            match plane
                 .pause_worker(*worker, Duration::from_millis(*ms))
                 .await?
             {
-                Effect::WorkerPaused {
+                Some(paused) => Effect::WorkerPaused {
                     worker: id,
-                    ms: *ms,
-                }
-            } else {
-                Effect::Missed {
+                    ms: paused.as_millis() as u64,
+                },
+                None => Effect::Missed {
                     kind: FaultKind::LeaseExpiry,
                     why: format!("{id} cannot be paused by this runner"),
-                }
+                },
             }
         }
     })

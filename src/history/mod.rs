@@ -302,6 +302,21 @@ impl Recorder {
         self.push(EventKind::Harness(observation));
     }
 
+    /// When it started: its events' milliseconds count from here.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Milliseconds from this recorder's start to `origin` (negative: before it): what turns a
+    /// round trip's stamp (microseconds since `origin`, the wire's clock) into event time.
+    pub fn offset_of(&self, origin: Instant) -> i64 {
+        if origin >= self.started {
+            origin.duration_since(self.started).as_millis() as i64
+        } else {
+            -(self.started.duration_since(origin).as_millis() as i64)
+        }
+    }
+
     /// The events so far.
     pub fn events(&self) -> Vec<Event> {
         self.inner.lock().expect("poisoned").events.clone()
@@ -346,6 +361,13 @@ pub struct History {
     /// The server processes of the workers' Postgres connections, with the worker whose links
     /// carried each (connections can outlive a case: their startups are then not in its events).
     pub connections: BTreeMap<i32, String>,
+    /// Where the wire's clock starts, in the events' milliseconds: a round trip sent at `sent_us`
+    /// happened at `wire_origin_ms + sent_us / 1000` (None: not known, times of round trips are
+    /// then their events').
+    pub wire_origin_ms: Option<i64>,
+    /// Where the events' clock starts, in Unix milliseconds (what the audit trail's times are
+    /// compared with), when known.
+    pub epoch_unix_ms: Option<i64>,
 }
 
 /// Assembles the history of a run whose keys live under `prefix`: its events, plus the two
@@ -372,6 +394,8 @@ pub async fn collect(
         layout: KeyLayout::contract(prefix),
         terminal: Vec::new(),
         connections,
+        wire_origin_ms: None,
+        epoch_unix_ms: None,
     };
     history.attribute_writers();
     Ok(history)

@@ -12,7 +12,7 @@ pub mod system;
 
 use crate::check::CaseResult;
 use crate::check::Violation;
-use crate::check::coverage::Coverage;
+use crate::check::coverage::{Coverage, Scope};
 use crate::contract::log::Status;
 use crate::fault::FaultKind;
 use crate::history::{EventKind, History};
@@ -40,6 +40,8 @@ pub struct Report {
     pub interrupted: Option<String>,
 }
 
+pub use crate::check::Verdict;
+
 /// One fault kind's coverage.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct CoverageRow {
@@ -51,6 +53,12 @@ pub struct CoverageRow {
     pub applied: u32,
     /// Times it reached its target path.
     pub landed: u32,
+    /// Why it did not land as often as a PASS needs (a kind in scope only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub short: Option<String>,
+    /// Why the run does not require it (a kind declared out of scope).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_of_scope: Option<String>,
 }
 
 /// One broken invariant.
@@ -156,7 +164,7 @@ pub struct SuiteOutcome {
     pub expect_pass: bool,
     /// Fault coverage.
     pub coverage: Vec<CoverageRow>,
-    /// Fault kinds enabled that never reached their target path.
+    /// Fault kinds in scope that did not land on their target as often as a PASS needs.
     pub not_covered: Vec<String>,
     /// Invariants the suite asks for that could not be judged: the wire-only ones when the
     /// workers' round trips were not recorded (a proxy that is not racecert's, or recording off).
@@ -177,6 +185,18 @@ impl SuiteOutcome {
         self.error.is_none() && self.held == self.expect_pass
     }
 
+    /// The suite's verdict: FAILED if not as expected; INCONCLUSIVE if it should pass, held, and
+    /// left a kind in scope unlanded; PASSED otherwise.
+    pub fn verdict(&self) -> Verdict {
+        if !self.as_expected() {
+            Verdict::Failed
+        } else if self.expect_pass && !self.not_covered.is_empty() {
+            Verdict::Inconclusive
+        } else {
+            Verdict::Passed
+        }
+    }
+
     /// Builds the outcome of an exploration.
     #[allow(clippy::too_many_arguments)]
     pub fn from_exploration(
@@ -185,16 +205,12 @@ impl SuiteOutcome {
         defects: Vec<String>,
         seed: u64,
         expect_pass: bool,
-        enabled: &[FaultKind],
+        scope: &Scope,
         report: &ExploreReport,
         replay: String,
     ) -> SuiteOutcome {
-        let coverage = coverage_rows(enabled, &report.coverage);
-        let not_covered = coverage
-            .iter()
-            .filter(|row| row.landed == 0)
-            .map(|row| row.fault.clone())
-            .collect();
+        let coverage = coverage_rows(scope, &report.coverage);
+        let not_covered = not_covered(&coverage);
         SuiteOutcome {
             name: name.to_owned(),
             path: path.to_owned(),
@@ -226,9 +242,12 @@ impl SuiteOutcome {
     }
 }
 
-/// Coverage rows of the fault kinds a run enabled, in that order.
-pub fn coverage_rows(enabled: &[FaultKind], coverage: &Coverage) -> Vec<CoverageRow> {
-    enabled
+/// Coverage rows of the fault kinds of a run's scope, in that order: landed / applied, and why a
+/// kind in scope fell short or why one is out of scope.
+pub fn coverage_rows(scope: &Scope, coverage: &Coverage) -> Vec<CoverageRow> {
+    let short: BTreeMap<FaultKind, String> = scope.unlanded(coverage).into_iter().collect();
+    scope
+        .kinds
         .iter()
         .map(|kind| {
             let (applied, landed) = coverage.faults.get(kind).copied().unwrap_or((0, 0));
@@ -237,8 +256,18 @@ pub fn coverage_rows(enabled: &[FaultKind], coverage: &Coverage) -> Vec<Coverage
                 target: kind.target_path().to_owned(),
                 applied,
                 landed,
+                short: short.get(kind).cloned(),
+                out_of_scope: scope.out_of_scope.get(kind).cloned(),
             }
         })
+        .collect()
+}
+
+/// The kinds of coverage rows that fell short of what a PASS needs.
+pub fn not_covered(rows: &[CoverageRow]) -> Vec<String> {
+    rows.iter()
+        .filter(|row| row.short.is_some())
+        .map(|row| row.fault.clone())
         .collect()
 }
 
@@ -557,9 +586,25 @@ impl Report {
         }
     }
 
-    /// Whether every suite came out as expected (an interrupted run never passes).
+    /// The run's verdict: the worst of its suites' (an interrupted run is never PASSED: it
+    /// is INCONCLUSIVE unless a suite failed).
+    pub fn verdict(&self) -> Verdict {
+        let worst = self
+            .suites
+            .iter()
+            .map(SuiteOutcome::verdict)
+            .max()
+            .unwrap_or(Verdict::Inconclusive);
+        if self.interrupted.is_some() {
+            worst.max(Verdict::Inconclusive)
+        } else {
+            worst
+        }
+    }
+
+    /// Whether the run earned a PASS: every suite as expected and everything in scope landed.
     pub fn passed(&self) -> bool {
-        self.interrupted.is_none() && self.suites.iter().all(SuiteOutcome::as_expected)
+        self.verdict() == Verdict::Passed
     }
 
     /// Joins shard reports into one (suites in name order; a suite present twice is an error).
@@ -617,6 +662,7 @@ impl Report {
         for suite in &self.suites {
             let verdict = match (&suite.error, suite.held, suite.expect_pass) {
                 (Some(_), _, _) => "ERROR",
+                (None, true, true) if !suite.not_covered.is_empty() => "INCONCLUSIVE",
                 (None, true, true) => "pass",
                 (None, false, false) => "caught (expected)",
                 (None, false, true) => "FAIL",
@@ -627,10 +673,10 @@ impl Report {
             } else {
                 suite.defects.join(",")
             };
-            let verdict = if suite.as_expected() {
-                paint(verdict, "32")
-            } else {
-                paint(verdict, "1;31")
+            let verdict = match suite.verdict() {
+                Verdict::Passed => paint(verdict, "32"),
+                Verdict::Inconclusive => paint(verdict, "1;33"),
+                Verdict::Failed => paint(verdict, "1;31"),
             };
             let budget = suite.budget_ms.map_or("cases".to_owned(), |ms| {
                 format!("{:.1}s", ms as f64 / 1000.0)
@@ -643,19 +689,26 @@ impl Report {
                 suite.cases_run,
                 suite.elapsed_ms as f64 / 1000.0
             );
-            // Why a listed fault kind never reached its target path: never applied, or applied
-            // and always off its path.
-            for row in suite.coverage.iter().filter(|row| row.landed == 0) {
-                let why = if row.applied == 0 {
-                    "never applied".to_owned()
-                } else {
-                    format!("applied {} times, never on its path", row.applied)
-                };
-                let _ = writeln!(
-                    out,
-                    "    not covered: {} ({why}; target: {})",
-                    row.fault, row.target
-                );
+            // Landed / applied per kind, from the evidence; why a kind in scope fell short.
+            if !suite.coverage.is_empty() {
+                let counts: Vec<String> = suite
+                    .coverage
+                    .iter()
+                    .map(|row| format!("{} {}/{}", row.fault, row.landed, row.applied))
+                    .collect();
+                let _ = writeln!(out, "    landed/applied: {}", counts.join(", "));
+            }
+            for row in &suite.coverage {
+                if let Some(why) = &row.short {
+                    let _ = writeln!(
+                        out,
+                        "    not covered: {} ({why}; target: {})",
+                        row.fault, row.target
+                    );
+                }
+                if let Some(why) = &row.out_of_scope {
+                    let _ = writeln!(out, "    out of scope: {} ({why})", row.fault);
+                }
             }
             if !suite.not_judged.is_empty() {
                 let _ = writeln!(
@@ -681,13 +734,28 @@ impl Report {
                 let _ = writeln!(out, "    replay: {}", found.replay);
             }
         }
-        let verdict = match (&self.interrupted, self.passed()) {
+        let verdict = match (&self.interrupted, self.verdict()) {
             (Some(signal), _) => paint(
                 &format!("certification INTERRUPTED by {signal} (partial report)"),
                 "1;33",
             ),
-            (None, true) => paint("certification PASSED", "1;32"),
-            (None, false) => paint("certification FAILED", "1;31"),
+            (None, Verdict::Passed) => paint("certification PASSED", "1;32"),
+            (None, Verdict::Inconclusive) => {
+                let short: Vec<String> = self
+                    .suites
+                    .iter()
+                    .filter(|s| s.verdict() == Verdict::Inconclusive)
+                    .map(|s| format!("{}: {}", s.name, s.not_covered.join(", ")))
+                    .collect();
+                paint(
+                    &format!(
+                        "certification INCONCLUSIVE: fault kinds that never landed on their target: {}",
+                        short.join("; ")
+                    ),
+                    "1;33",
+                )
+            }
+            (None, Verdict::Failed) => paint("certification FAILED", "1;31"),
         };
         let _ = writeln!(out, "{verdict}");
         out
@@ -743,6 +811,34 @@ impl Report {
                 case.set_classname(format!("racecert.{}", suite.name));
                 junit_suite.add_test_case(case);
             }
+            // The coverage a PASS needs, as a test of its own: an INCONCLUSIVE suite is not a
+            // green one.
+            let status = if suite.verdict() == Verdict::Inconclusive {
+                let mut status = TestCaseStatus::non_success(NonSuccessKind::Failure);
+                status.set_type("inconclusive");
+                status.set_message(format!(
+                    "INCONCLUSIVE: never landed on their target: {}",
+                    suite.not_covered.join(", ")
+                ));
+                status.set_description(
+                    suite
+                        .coverage
+                        .iter()
+                        .filter_map(|row| {
+                            row.short
+                                .as_ref()
+                                .map(|why| format!("{}: {why}", row.fault))
+                        })
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                );
+                status
+            } else {
+                TestCaseStatus::success()
+            };
+            let mut case = TestCase::new("fault-coverage", status);
+            case.set_classname(format!("racecert.{}", suite.name));
+            junit_suite.add_test_case(case);
             report.add_test_suite(junit_suite);
         }
         report
@@ -755,15 +851,19 @@ impl Report {
         let mut out = String::new();
         out.push_str("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
         out.push_str("<title>racecert certification report</title><style>");
-        out.push_str("body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}.pass{color:#176f2c}.fail{color:#b00020;font-weight:bold}pre{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:12px}svg{border:1px solid #ddd;background:#fff}");
+        out.push_str("body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}.pass{color:#176f2c}.fail{color:#b00020;font-weight:bold}.inconclusive{color:#9a6700;font-weight:bold}pre{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:12px}svg{border:1px solid #ddd;background:#fff}");
         out.push_str("</style></head><body>\n");
         let _ = writeln!(
             out,
             "<h1>racecert certification report</h1><p>racecert {} &middot; started {} &middot; <span class=\"{}\">{}</span></p>",
             esc(&self.racecert_version),
             esc(&self.started_at),
-            if self.passed() { "pass" } else { "fail" },
-            if self.passed() { "PASSED" } else { "FAILED" }
+            match self.verdict() {
+                Verdict::Passed => "pass",
+                Verdict::Inconclusive => "inconclusive",
+                Verdict::Failed => "fail",
+            },
+            self.verdict().word()
         );
         out.push_str("<table><tr><th>suite</th><th>defects</th><th>cases</th><th>time</th><th>verdict</th><th>not covered</th></tr>\n");
         for suite in &self.suites {
@@ -773,13 +873,19 @@ impl Report {
                 esc(&suite.defects.join(", ")),
                 suite.cases_run,
                 suite.elapsed_ms as f64 / 1000.0,
-                if suite.as_expected() { "pass" } else { "fail" },
+                match suite.verdict() {
+                    Verdict::Passed => "pass",
+                    Verdict::Inconclusive => "inconclusive",
+                    Verdict::Failed => "fail",
+                },
                 if suite.error.is_some() {
                     "error"
-                } else if suite.held {
-                    "every invariant held"
-                } else {
+                } else if !suite.held {
                     "counterexample"
+                } else if !suite.not_covered.is_empty() {
+                    "INCONCLUSIVE: held, but not everything in scope landed"
+                } else {
+                    "every invariant held, every fault kind landed"
                 },
                 esc(&suite.not_covered.join(", ")),
                 name = esc(&suite.name),
@@ -789,12 +895,17 @@ impl Report {
         for suite in &self.suites {
             let _ = writeln!(out, "<h2 id=\"{0}\">{0}</h2>", esc(&suite.name));
             out.push_str(
-                "<table><tr><th>fault</th><th>target path</th><th>landed / applied</th></tr>",
+                "<table><tr><th>fault</th><th>target path</th><th>landed / applied</th><th>note</th></tr>",
             );
             for row in &suite.coverage {
+                let note = match (&row.short, &row.out_of_scope) {
+                    (Some(why), _) => format!("<span class=\"inconclusive\">{}</span>", esc(why)),
+                    (None, Some(why)) => format!("out of scope: {}", esc(why)),
+                    (None, None) => String::new(),
+                };
                 let _ = write!(
                     out,
-                    "<tr><td>{}</td><td>{}</td><td>{} / {}</td></tr>",
+                    "<tr><td>{}</td><td>{}</td><td>{} / {}</td><td>{note}</td></tr>",
                     esc(&row.fault),
                     esc(&row.target),
                     row.landed,

@@ -10,11 +10,12 @@ use std::path::Path;
 /// The terminal report.
 pub fn system_text(outcome: &SystemOutcome, file: &Path) -> String {
     let mut out = String::new();
-    let verdict = if outcome.passed() { "PASS" } else { "FAIL" };
+    let verdict = outcome.verdict();
     let _ = writeln!(
         out,
-        "system {}: {verdict} ({} case(s), seed {})",
+        "system {}: {} ({} case(s), seed {})",
         outcome.system,
+        verdict.word(),
         outcome.cases.len(),
         outcome.seed
     );
@@ -27,7 +28,7 @@ pub fn system_text(outcome: &SystemOutcome, file: &Path) -> String {
     for case in &outcome.cases {
         let _ = writeln!(
             out,
-            "  case {:>2} {:<20} {:<5} {} final write(s), {} model call(s), {} ms",
+            "  case {:>2} {:<20} {:<5} {:<11} {} final write(s), {} model call(s), {} ms",
             case.number,
             case.fault.name(),
             if case.violations.is_empty() {
@@ -35,9 +36,54 @@ pub fn system_text(outcome: &SystemOutcome, file: &Path) -> String {
             } else {
                 "FAIL"
             },
+            match (&case.effect, case.landed) {
+                (_, true) => "landed",
+                (None, _) => "not applied",
+                (Some(_), false) => "missed",
+            },
             case.final_writes,
             case.model_calls,
             case.elapsed_ms
+        );
+        if let Some(
+            crate::fault::Effect::Missed { why, .. }
+            | crate::fault::Effect::NotApplicable { why, .. },
+        ) = &case.effect
+        {
+            let _ = writeln!(out, "           the fault did nothing: {why}");
+        }
+    }
+    // Landed / applied per kind in scope, from the evidence; why a kind fell short.
+    let coverage = outcome.coverage();
+    let scope = outcome.scope();
+    let short: std::collections::BTreeMap<_, _> = scope.unlanded(&coverage).into_iter().collect();
+    let _ = writeln!(out, "fault coverage (landed / applied):");
+    for kind in &scope.kinds {
+        let (applied, landed) = coverage.faults.get(kind).copied().unwrap_or((0, 0));
+        let _ = writeln!(
+            out,
+            "  {:<20} {landed} / {applied}{}",
+            kind.name(),
+            short
+                .get(kind)
+                .map(|why| format!("  not covered: {why} (target: {})", kind.target_path()))
+                .unwrap_or_default()
+        );
+    }
+    if let Some(case) = outcome.cases.iter().find(|c| !c.not_judged.is_empty()) {
+        let names: Vec<&str> = case.not_judged.iter().map(|i| i.name()).collect();
+        let _ = writeln!(
+            out,
+            "not judged (the system's description gives nothing to judge them by): {}",
+            names.join(", ")
+        );
+    }
+    if verdict == crate::check::Verdict::Inconclusive {
+        let kinds: Vec<&str> = short.keys().map(|k| k.name()).collect();
+        let _ = writeln!(
+            out,
+            "INCONCLUSIVE: every invariant held, but these fault kinds never landed on their target: {} (more --budget or --cases, or see why above)",
+            kinds.join(", ")
         );
     }
     if let Some(case) = outcome.first_failure() {

@@ -173,8 +173,8 @@ impl Workers for Tasks {
         Ok(Some(None))
     }
 
-    async fn pause(&mut self, _worker: usize, _pause: Duration) -> Result<bool> {
-        Ok(false)
+    async fn pause(&mut self, _worker: usize, _pause: Duration) -> Result<Option<Duration>> {
+        Ok(None)
     }
 }
 
@@ -395,6 +395,7 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
         plane.connections(),
     )
     .await?;
+    history.wire_origin_ms = Some(recorder.offset_of(bed.wire_origin()));
     history.lease_ttl_ms = Some(settings.lease_ttl.as_millis() as u64);
     history.wire_recorded = wire_recorded;
     Ok(CaseResult::judge(history, &settings.invariants))

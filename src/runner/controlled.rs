@@ -355,10 +355,10 @@ impl Workers for Slots {
         Ok(Some(Some(at.name().to_owned())))
     }
 
-    async fn pause(&mut self, _worker: usize, _pause: Duration) -> Result<bool> {
+    async fn pause(&mut self, _worker: usize, _pause: Duration) -> Result<Option<Duration>> {
         // No clock runs here: a pause is a worker held at its checkpoint while the schedule moves
         // others, which `Run` steps express already.
-        Ok(false)
+        Ok(None)
     }
 }
 
@@ -702,6 +702,7 @@ impl<'c, 'a> CaseRun<'c, 'a> {
             connections,
         )
         .await?;
+        history.wire_origin_ms = Some(self.recorder.offset_of(self.controller.bed.wire_origin()));
         history.wire_recorded = self.wire_recorded;
         // The history is read: the case's Redis keys go, so the keyspace holds the cases in
         // flight and not every case run so far. Whatever walks it (a late cache invalidation,

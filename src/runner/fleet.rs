@@ -28,6 +28,7 @@ use crate::{Error, Result};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -335,23 +336,41 @@ impl Processes {
         ))
     }
 
-    /// The index of a worker whose latest log line says it holds a job (taken, not released).
-    fn mid_job(&self) -> Option<usize> {
+    /// The indices of the workers whose latest log line says they hold a job (taken, not
+    /// released).
+    fn mid_job(&self) -> Vec<usize> {
         let events = self.recorder.events();
-        self.procs.iter().position(|proc| {
-            events
-                .iter()
-                .rev()
-                .find_map(|event| match &event.kind {
-                    EventKind::Worker(line)
-                        if line.get("worker_id") == Some(proc.spec.id.as_str()) =>
-                    {
-                        line.status_word()
-                    }
-                    _ => None,
-                })
-                .is_some_and(|status| status.is_mid_job())
-        })
+        (0..self.procs.len())
+            .filter(|index| self.holds_a_job(*index, &events))
+            .collect()
+    }
+
+    fn holds_a_job(&self, index: usize, events: &[crate::history::Event]) -> bool {
+        let id = self.procs[index].spec.id.as_str();
+        events
+            .iter()
+            .rev()
+            .find_map(|event| match &event.kind {
+                EventKind::Worker(line) if line.get("worker_id") == Some(id) => line.status_word(),
+                _ => None,
+            })
+            .is_some_and(|status| status.is_mid_job())
+    }
+
+    /// Waits briefly for a worker holding a job, preferring those `prefer` accepts: where a
+    /// crash or a pause must land (the job holder), not on a random worker.
+    async fn job_holder(&self, prefer: impl Fn(usize) -> bool) -> Option<usize> {
+        for _ in 0..50 {
+            let holders = self.mid_job();
+            if let Some(index) = holders.iter().copied().find(|i| prefer(*i)) {
+                return Some(index);
+            }
+            if let Some(index) = holders.first() {
+                return Some(*index);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
     }
 }
 
@@ -370,7 +389,7 @@ impl Workers for Processes {
         Ok(Some(None))
     }
 
-    async fn pause(&mut self, worker: usize, pause: Duration) -> Result<bool> {
+    async fn pause(&mut self, worker: usize, pause: Duration) -> Result<Option<Duration>> {
         let index = worker % self.procs.len();
         let request = self.current_request(index);
         // Where the paused attempt wakes decides which race it can show: while another worker
@@ -383,7 +402,8 @@ impl Workers for Processes {
             Takeover::Finished
         };
         signal(&self.procs[index], Signal::SIGSTOP);
-        let deadline = Instant::now() + pause;
+        let stopped = Instant::now();
+        let deadline = stopped + pause;
         while Instant::now() < deadline {
             if let Some(request) = &request
                 && self.taken_over(index, request, wake_at)
@@ -393,7 +413,7 @@ impl Workers for Processes {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         signal(&self.procs[index], Signal::SIGCONT);
-        Ok(true)
+        Ok(Some(stopped.elapsed()))
     }
 }
 
@@ -537,6 +557,15 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
         .max()
         .unwrap_or_default();
     let mut rolled = !settings.faults.contains(&FaultKind::Cutover);
+    // The kinds drawn by turn first (the rolling restart is the cutover's own, not drawn).
+    let mut rotation: Vec<FaultKind> = Vec::new();
+    for kind in &settings.faults {
+        if *kind != FaultKind::Cutover && !rotation.contains(kind) {
+            rotation.push(*kind);
+        }
+    }
+    rotation.shuffle(&mut rng);
+    let mut applied_kinds = 0;
     let mut step = 0;
     while started.elapsed() < settings.duration || arrivals.pending() {
         if crate::interrupt::requested().is_some() {
@@ -575,24 +604,37 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
         if settings.faults.is_empty() || !rng.random_bool(0.5) {
             continue;
         }
-        let kind = settings.faults[rng.random_range(0..settings.faults.len())];
+        // Every kind once first (in the seed's order), then drawn as the settings weigh them.
+        let kind = match rotation.get(applied_kinds) {
+            Some(kind) => {
+                applied_kinds += 1;
+                *kind
+            }
+            None => settings.faults[rng.random_range(0..settings.faults.len())],
+        };
         let worker = rng.random_range(0..settings.workers.len());
         let version = versions[rng.random_range(0..versions.len())].clone();
         // Each fault, and how long it lasts before it is undone (real time).
         let plan: Vec<(Fault, Duration)> = match kind {
-            FaultKind::WorkerCrash => vec![(Fault::CrashWorker { worker }, Duration::ZERO)],
+            FaultKind::WorkerCrash => {
+                // Aimed at a worker holding a job: a crash of an idle one tests nothing.
+                let target = plane.workers.job_holder(|_| true).await;
+                vec![(
+                    Fault::CrashWorker {
+                        worker: target.unwrap_or(worker),
+                    },
+                    Duration::ZERO,
+                )]
+            }
             FaultKind::LeaseExpiry => {
                 // Paused past its lease TTL and the visibility timeout: its job goes to another
                 // worker, then it wakes up and carries on as if nothing happened. The pause is
-                // aimed at a worker that is mid-job (its log says so), waiting briefly for one.
-                let mut target = None;
-                for _ in 0..25 {
-                    target = plane.workers.mid_job();
-                    if target.is_some() {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+                // aimed at a worker that is mid-job (its log says so), one whose lease the pause
+                // can outlast when there is one.
+                let target = plane
+                    .workers
+                    .job_holder(|index| settings.lease_ttl_of(index) == settings.lease_ttl)
+                    .await;
                 // Past the visibility timeout (its job is redelivered), and short enough that
                 // the paused call has not timed out when it wakes up. Drawn across the other
                 // worker's attempt: waking after it ended makes a late writer over a finished
@@ -718,6 +760,7 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
         plane.connections(),
     )
     .await?;
+    history.wire_origin_ms = Some(recorder.offset_of(bed.wire_origin()));
     // The log-based checks take one TTL: the shortest, so no lease is taken as held longer
     // than it could have been (the wire checks read each lease's own PX).
     history.lease_ttl_ms = Some(settings.lease_ttl.as_millis() as u64);

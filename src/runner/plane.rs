@@ -31,12 +31,13 @@ pub trait Workers: Send {
         &mut self,
         worker: usize,
     ) -> impl Future<Output = Result<Option<Option<String>>>> + Send;
-    /// Pauses the worker for `pause` and resumes it; false if this runner cannot pause workers.
+    /// Pauses the worker for up to `pause` and resumes it; how long it stayed paused, or None
+    /// if this runner cannot pause workers.
     fn pause(
         &mut self,
         worker: usize,
         pause: Duration,
-    ) -> impl Future<Output = Result<bool>> + Send;
+    ) -> impl Future<Output = Result<Option<Duration>>> + Send;
 }
 
 /// How a case's backend faults are made: per-case programs of the shared wiremock backends (the
@@ -551,7 +552,7 @@ impl<W: Workers> Plane for CasePlane<'_, W> {
         self.workers.crash(worker).await
     }
 
-    async fn pause_worker(&mut self, worker: usize, pause: Duration) -> Result<bool> {
+    async fn pause_worker(&mut self, worker: usize, pause: Duration) -> Result<Option<Duration>> {
         self.workers.pause(worker, pause).await
     }
 

@@ -216,7 +216,7 @@ pub async fn certify(
                     defect_names,
                     seed,
                     loaded.expect_pass,
-                    &suite.space.faults,
+                    &suite.scope,
                     &explored,
                     replay_command(loaded, seed, case, &options.defects),
                 );
@@ -287,21 +287,37 @@ pub async fn certify_external(
     defects: &Defects,
     progress: impl Fn(u32),
 ) -> Result<SuiteOutcome> {
-    use crate::runner::fleet::{FleetSettings, run_fleet};
+    let mut settings = crate::runner::fleet::FleetSettings::mixed_fleet(command, seed);
+    settings.defects = defects.clone();
+    certify_fleet(bed, &settings, rounds, progress).await
+}
+
+/// [`certify_external`] with fleet settings of the caller's: `rounds` runs of `settings`, seeds
+/// `settings.seed..`, stopping at the first round that breaks an invariant.
+pub async fn certify_fleet(
+    bed: &TestBed,
+    base: &crate::runner::fleet::FleetSettings,
+    rounds: u32,
+    progress: impl Fn(u32),
+) -> Result<SuiteOutcome> {
+    use crate::runner::fleet::run_fleet;
     if rounds == 0 {
         return Err(Error::Config("--rounds must be at least 1".into()));
     }
+    let (command, seed, defects) = (base.command.as_str(), base.seed, &base.defects);
     let started = std::time::Instant::now();
     let mut coverage = crate::check::coverage::Coverage::default();
     let mut outcome = None;
     let mut ran = 0;
-    let mut settings = FleetSettings::mixed_fleet(command, seed);
+    let mut settings = base.clone();
     for round in 0..rounds {
         if crate::interrupt::requested().is_some() {
             break;
         }
-        settings = FleetSettings::mixed_fleet(command, seed + u64::from(round));
-        settings.defects = defects.clone();
+        settings = crate::runner::fleet::FleetSettings {
+            seed: seed + u64::from(round),
+            ..base.clone()
+        };
         let result = run_fleet(bed, &settings).await?;
         ran += 1;
         progress(ran);
@@ -316,9 +332,8 @@ pub async fn certify_external(
         let signal = crate::interrupt::requested().unwrap_or(2);
         return Err(Error::Interrupted(crate::interrupt::name(signal)));
     };
-    let mut enabled = settings.faults.clone();
-    enabled.dedup();
-    let coverage_rows = crate::report::coverage_rows(&enabled, &coverage);
+    let scope = crate::check::coverage::Scope::of(&settings.faults);
+    let coverage_rows = crate::report::coverage_rows(&scope, &coverage);
     let held = result.case.violations.is_empty();
     let counterexample = (!held).then(|| {
         crate::report::CounterexampleReport::of_case(
@@ -355,11 +370,7 @@ pub async fn certify_external(
         corpus: 0,
         held,
         expect_pass: true,
-        not_covered: coverage_rows
-            .iter()
-            .filter(|r| r.landed == 0)
-            .map(|r| r.fault.clone())
-            .collect(),
+        not_covered: crate::report::not_covered(&coverage_rows),
         coverage: coverage_rows,
         not_judged: not_judged(&settings.invariants, bed.records_wire()),
         counterexample,
@@ -449,6 +460,13 @@ pub async fn certify_external_wire(
         .or(report.last.clone());
     let outputs = last.map(|o| o.outputs).unwrap_or_default();
     let held = found.is_none();
+    // What wire schedules apply: a lease expiry and a kill of the preempted worker at the
+    // preemption point (the enumeration's, round-robin; PCT's change points).
+    let scope = crate::check::coverage::Scope::of(&[
+        crate::fault::FaultKind::LeaseExpiry,
+        crate::fault::FaultKind::WorkerCrash,
+    ]);
+    let coverage = crate::report::coverage_rows(&scope, &report.coverage);
     if report.cases_run == 0 {
         let signal = crate::interrupt::requested().unwrap_or(2);
         return Err(Error::Interrupted(crate::interrupt::name(signal)));
@@ -467,10 +485,10 @@ pub async fn certify_external_wire(
             interleavings: 0,
             held,
             expect_pass: true,
-            not_covered: Vec::new(),
+            not_covered: crate::report::not_covered(&coverage),
             // Wire schedules hold round trips at racecert's own proxy: always recorded.
             not_judged: Vec::new(),
-            coverage: Vec::new(),
+            coverage,
             counterexample,
             error: None,
             worker_outputs: outputs,

@@ -3,6 +3,7 @@
 //! expected. Nothing runs until every given file is valid.
 
 use crate::check::Invariant;
+use crate::check::coverage::Scope;
 use crate::contract::defect::Defects;
 use crate::fault::FaultKind;
 use crate::reference::ReferenceFactory;
@@ -99,6 +100,12 @@ impl Default for Rollout {
 #[serde(deny_unknown_fields)]
 struct Faults {
     kinds: Spanned<Vec<Spanned<String>>>,
+    /// Landings each kind in scope needs before the suite may say PASSED (default 1).
+    #[serde(default)]
+    min_landed: Option<Spanned<i64>>,
+    /// Kinds applied but not required to land, each with why (`partition = "..."`).
+    #[serde(default)]
+    out_of_scope: std::collections::BTreeMap<Spanned<String>, Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -339,6 +346,55 @@ pub fn parse(text: &str, origin: &str) -> Result<LoadedSuite> {
             }
         }
     }
+    let mut scope = Scope::of(&faults);
+    if let Some(min) = &file.faults.min_landed {
+        if *min.get_ref() < 1 {
+            return Err(at(
+                min.span(),
+                format!("min_landed must be at least 1, not {}", min.get_ref()),
+            ));
+        }
+        scope.min_landed = (*min.get_ref()).min(i64::from(u32::MAX)) as u32;
+    }
+    for (kind, why) in &file.faults.out_of_scope {
+        let Some(found) = FaultKind::ALL
+            .into_iter()
+            .find(|k| k.name() == kind.get_ref())
+        else {
+            return Err(at(
+                kind.span(),
+                format!(
+                    "unknown fault {:?}; expected one of {}",
+                    kind.get_ref(),
+                    FaultKind::ALL.map(FaultKind::name).join(", ")
+                ),
+            ));
+        };
+        if !faults.contains(&found) {
+            return Err(at(
+                kind.span(),
+                format!(
+                    "{} is out of scope but not among the suite's fault kinds ({})",
+                    kind.get_ref(),
+                    faults
+                        .iter()
+                        .map(|k| k.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        if why.get_ref().trim().is_empty() {
+            return Err(at(
+                why.span(),
+                format!(
+                    "out_of_scope.{}: say why the kind is not required",
+                    kind.get_ref()
+                ),
+            ));
+        }
+        scope.out_of_scope.insert(found, why.get_ref().clone());
+    }
     if let Some(to) = &file.rollout.cutover_to {
         if !versions.contains(to.get_ref()) {
             return Err(at(
@@ -409,6 +465,7 @@ pub fn parse(text: &str, origin: &str) -> Result<LoadedSuite> {
                 faults,
             },
             cases: cases.map(|cases| cases.min(u64::from(u32::MAX)) as u32),
+            scope,
         },
         path: origin.to_owned(),
         seed: file.seed,

@@ -7,6 +7,7 @@ pub mod certify;
 pub mod file;
 
 use crate::check::Invariant;
+use crate::check::coverage::Scope;
 use crate::contract::defect::Defect;
 use crate::contract::defect::Defects;
 use crate::fault::FaultKind;
@@ -27,6 +28,8 @@ pub struct Suite {
     pub space: ScheduleSpace,
     /// A fixed number of cases per run (exact reproduction); None: the run spends a time budget.
     pub cases: Option<u32>,
+    /// What a PASS needs: the kinds that must land on their target, and how often.
+    pub scope: Scope,
 }
 
 impl Suite {

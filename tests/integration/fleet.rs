@@ -3,13 +3,17 @@
 
 use racecert::contract::defect::{Defect, Defects};
 use racecert::env::TestBed;
-use racecert::report::SuiteOutcome;
-use racecert::suite::certify::certify_external;
+use racecert::fault::FaultKind;
+use racecert::report::{SuiteOutcome, Verdict};
+use racecert::runner::fleet::FleetSettings;
+use racecert::suite::certify::{certify_external, certify_fleet};
 
 crate::tests!(
     the_reference_worker_process_passes_and_its_unfenced_defect_is_caught,
     the_python_example_worker_passes_and_its_unfenced_variant_is_caught,
     the_python_examples_lease_and_cache_bugs_are_caught_on_the_wire,
+    a_lease_no_pause_outlasts_leaves_lease_expiry_unlanded_and_the_run_inconclusive,
+    a_job_lost_only_when_its_holder_is_killed_is_caught_by_the_aimed_crash,
 );
 
 /// The Python tests count leftover `worker.py` processes by name: they run one at a time so
@@ -165,6 +169,68 @@ async fn the_python_examples_lease_and_cache_bugs_are_caught_on_the_wire(
     anyhow::ensure!(
         left.is_empty(),
         "python workers outlived their runs: {left:?}"
+    );
+    Ok(())
+}
+
+/// A worker whose leases last 20 minutes: the fleet's pauses (a few seconds) never outlast one, so
+/// lease-expiry may be *sent* every run but never *lands*, and the run must say so: landed 0,
+/// INCONCLUSIVE, not PASSED. (Counting the pause of a job holder as an expiry would pass it.) A
+/// fleet of pauses only: with crashes as well, the same worker fails outright, its crashed
+/// holder's job stuck behind a 20-minute lease (no-lost-job).
+async fn a_lease_no_pause_outlasts_leaves_lease_expiry_unlanded_and_the_run_inconclusive(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let _one_fleet = PYTHON_FLEETS.lock().await;
+    let _shared = bed.shared().await;
+    let (script, python) = python_worker().await?;
+    let command = format!("{python} {script} --long-lease");
+    let mut settings = FleetSettings::mixed_fleet(&command, 1);
+    settings.faults = vec![FaultKind::LeaseExpiry];
+    let outcome = certify_fleet(bed, &settings, 1, |_| {}).await?;
+    let lease = outcome
+        .coverage
+        .iter()
+        .find(|row| row.fault == "lease-expiry")
+        .ok_or_else(|| anyhow::anyhow!("no lease-expiry row: {:?}", outcome.coverage))?;
+    anyhow::ensure!(
+        outcome.held && lease.applied > 0 && lease.landed == 0,
+        "lease-expiry must be applied and never land: {lease:?} (held: {})",
+        outcome.held
+    );
+    anyhow::ensure!(
+        outcome.verdict() == Verdict::Inconclusive
+            && outcome.not_covered.contains(&"lease-expiry".to_owned()),
+        "the verdict must be INCONCLUSIVE naming lease-expiry: {:?} {:?}",
+        outcome.verdict(),
+        outcome.not_covered
+    );
+    Ok(())
+}
+
+/// A worker that acks a job when it takes it: only a kill of the worker holding the job loses it.
+/// The fleet's crash is aimed at a job holder, so one run finds it (no-lost-job).
+async fn a_job_lost_only_when_its_holder_is_killed_is_caught_by_the_aimed_crash(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let _one_fleet = PYTHON_FLEETS.lock().await;
+    let _shared = bed.shared().await;
+    let (script, python) = python_worker().await?;
+    let command = format!("{python} {script} --ack-on-receive");
+    let outcome = certify_external(bed, &command, 2, 1, &Defects::none(), |_| {}).await?;
+    let invariants = broken(&outcome);
+    anyhow::ensure!(
+        invariants.iter().any(|i| i == "no-lost-job"),
+        "--ack-on-receive must break no-lost-job, broke {invariants:?} in {} run(s)",
+        outcome.cases_run
+    );
+    let crash = outcome
+        .coverage
+        .iter()
+        .find(|row| row.fault == "worker-crash");
+    anyhow::ensure!(
+        crash.is_some_and(|row| row.landed > 0),
+        "the crash landed on a job holder: {crash:?}"
     );
     Ok(())
 }

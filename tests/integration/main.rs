@@ -63,6 +63,36 @@ pub fn namespace(test: &str) -> String {
     )
 }
 
+/// The long tier: every framework variant, repeats, long runs, the apalis example's own `cargo
+/// test`. `cargo test` skips them (they show as ignored); `cargo test -- --include-ignored` runs
+/// them too, and CI does (README, "Tests and CI"). What stays in the fast tier covers each runner
+/// and each framework once, the CLI, signals and errors.
+const LONG: &[&str] = &[
+    "harness::every_defect_is_caught_within_256_cases",
+    "harness::the_reference_worker_passes_every_suite",
+    "harness::running_cases_concurrently_finds_and_shrinks_the_same_failure",
+    "harness::a_chaos_run_of_the_reference_fleet_holds_every_invariant",
+    "replay::a_logfmt_double_write_reproduces",
+    "replay::a_json_lease_expiry_with_a_truncated_line_reproduces",
+    "replay::a_nested_json_stale_cache_after_cutover_reproduces",
+    "replay::a_celery_visibility_timeout_double_execution_reproduces",
+    "replay::a_lost_job_reproduces",
+    "replay::a_retry_under_a_new_job_id_reproduces",
+    "replay::given_defects_replace_each_causes_own",
+    "fleet::the_python_example_worker_passes_and_its_unfenced_variant_is_caught",
+    "fleet::the_python_examples_lease_and_cache_bugs_are_caught_on_the_wire",
+    "wire_schedules::the_read_then_write_variant_is_caught_shrunk_and_replayed_from_its_file",
+    "wire_schedules::the_safe_python_worker_and_the_reference_worker_pass_wire_schedules",
+    "wire_schedules::races_of_three_ordered_steps_are_found_at_depth_three",
+    "systems::celery_fenced_passes_every_celery_fault",
+    "systems::celery_prefetch_restore_catches_naive_and_fenced_passes",
+    "systems::celery_incident_log_replays_on_the_team_system",
+    "systems::celery_lock_takeover_is_caught_on_the_wire_by_its_lock_keys",
+    "systems::apalis_example_certifies_itself_from_its_own_cargo_test_and_its_files",
+    "systems::celery_fenced_but_acked_loses_a_job_when_its_pool_child_is_killed",
+    "ci_docs::the_gitlab_parallel_job_in_docs_ci_runs_and_merges",
+];
+
 struct Fixture {
     runtime: tokio::runtime::Runtime,
     bed: TestBed,
@@ -96,10 +126,19 @@ fn main() -> std::process::ExitCode {
     .map(|(name, f)| (name.trim_start_matches("integration::"), f))
     .collect();
 
+    let long = |name: &str| LONG.contains(&name);
+    // A name in the long tier that names no test would quietly move nothing.
+    if let Some(stray) = LONG
+        .iter()
+        .find(|l| !all.iter().any(|(name, _)| name == *l))
+    {
+        eprintln!("LONG names no test: {stray}");
+        return std::process::ExitCode::FAILURE;
+    }
     if args.list {
         let trials = all
             .iter()
-            .map(|(name, _)| Trial::test(*name, || Ok(())))
+            .map(|(name, _)| Trial::test(*name, || Ok(())).with_ignored_flag(long(name)))
             .collect();
         return libtest_mimic::run(&args, trials).exit_code();
     }
@@ -140,6 +179,7 @@ fn main() -> std::process::ExitCode {
                 }
                 outcome
             })
+            .with_ignored_flag(long(name))
         })
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);

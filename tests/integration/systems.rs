@@ -18,6 +18,7 @@ crate::tests!(
     celery_incident_log_replays_on_the_team_system,
     celery_lock_takeover_is_caught_on_the_wire_by_its_lock_keys,
     apalis_example_certifies_itself_from_its_own_cargo_test_and_its_files,
+    celery_fenced_but_acked_loses_a_job_when_its_pool_child_is_killed,
 );
 
 fn example(file: &str) -> PathBuf {
@@ -125,9 +126,11 @@ async fn celery_fenced_passes_every_celery_fault(bed: &TestBed) -> anyhow::Resul
     ];
     let outcome = run_system(bed, &system, &settings(&faults)).await?;
     let text = summary(&outcome);
+    // PASSED: every invariant held and every fault landed on its target, from the evidence.
     anyhow::ensure!(
         outcome.passed() && outcome.cases.len() == faults.len(),
-        "the fenced task must pass every fault:\n{text}"
+        "the fenced task must pass every fault, each landed:\n{text}\n{}",
+        racecert::report::system::system_text(&outcome, &example("celery-worker/fenced.toml"))
     );
     // The faults were real: each restore ran the task a second time, and the fence refused the
     // late write (one final write).
@@ -524,5 +527,32 @@ async fn celery_incident_log_replays_on_the_team_system(bed: &TestBed) -> anyhow
         out.status.code()
     );
     let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The fenced task without `reject_on_worker_lost`: every redelivery is fenced, but a pool child
+/// killed mid-task has its message acked (Celery's default), so the job is lost. Only the kill of
+/// the child holding the job shows it; the default run draws every kind of the preset in turn, so
+/// it gets there.
+async fn celery_fenced_but_acked_loses_a_job_when_its_pool_child_is_killed(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let system = System::load(&example("celery-worker/fenced-acked.toml"))?;
+    let mut settings = SystemSettings::certify(1);
+    settings.budget = Duration::from_secs(300);
+    let outcome = run_system(bed, &system, &settings).await?;
+    let text = summary(&outcome);
+    let failing = outcome
+        .first_failure()
+        .ok_or_else(|| anyhow::anyhow!("the lost job was not found:\n{text}"))?;
+    anyhow::ensure!(
+        failing.fault == FaultKind::KillPoolChild
+            && failing
+                .violations
+                .iter()
+                .any(|v| v.invariant.name() == "no-lost-job")
+            && failing.landed,
+        "the pool child holding the job was killed and the job lost:\n{text}"
+    );
     Ok(())
 }

@@ -12,6 +12,7 @@ crate::tests!(
     the_read_then_write_variant_is_caught_shrunk_and_replayed_from_its_file,
     the_safe_python_worker_and_the_reference_worker_pass_wire_schedules,
     the_seeds_unfenced_write_is_found_through_wire_schedules,
+    races_of_three_ordered_steps_are_found_at_depth_three,
 );
 
 async fn python_command() -> anyhow::Result<String> {
@@ -180,5 +181,41 @@ async fn the_seeds_unfenced_write_is_found_through_wire_schedules(
         "the report's schedule:\n{}",
         shown.schedule_lines()
     );
+    Ok(())
+}
+
+/// Two bugs that need three ordered steps of two workers (A takes the job; its lease expires and B
+/// takes it; A acts again while B still holds it): a lease renewed with `SET XX` and no token
+/// check overwrites B's live lease; a final write fenced on the status alone lands over B's
+/// IN_PROGRESS row with a generation that does not increase. The depth-2 enumeration lets B
+/// finish before A goes on, so neither shows there; the depth-3 one finds both.
+async fn races_of_three_ordered_steps_are_found_at_depth_three(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let _shared = bed.shared().await;
+    for (flag, invariant) in [
+        ("--renew-without-check", "lease-discipline"),
+        ("--fence-on-status", "generations-increase"),
+    ] {
+        let command = format!("{} {flag}", python_command().await?);
+        let settings = WireSettings::pair(&command);
+        let report = search(bed, &settings, &WireSearch::default_for(1), |_| {}).await?;
+        let found = report.found.ok_or_else(|| {
+            anyhow::anyhow!("{flag}: not found in {} wire cases", report.cases_run)
+        })?;
+        let broke = names(&found.shrunk);
+        anyhow::ensure!(
+            broke.iter().any(|n| n == invariant),
+            "{flag} must break {invariant}, broke {broke:?}:\n{}",
+            found.shrunk.text("found")
+        );
+        eprintln!(
+            "    {flag:<22} found at case {} after {:.1?}: {} ({} steps)",
+            found.found_after.0,
+            found.found_after.1,
+            broke.join(", "),
+            found.shrunk.schedule.steps.len()
+        );
+    }
     Ok(())
 }

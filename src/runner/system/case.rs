@@ -44,8 +44,10 @@ pub(super) struct CaseCtx<'a, 'f> {
     pub(super) companions: Vec<String>,
     /// What the case's fault aims at, once a worker took the request.
     pub(super) aim: Aim,
-    /// What the case's faults did.
+    /// What the case's faults did, each with when it began (Unix ms).
     pub(super) effects: Vec<(i64, Effect)>,
+    /// The origin of the wire's clock, Unix ms.
+    pub(super) wire_origin_unix_ms: i64,
 }
 
 /// What a framework fault needs to know of its case: the delivery (Celery's tag), the slow model
@@ -155,8 +157,16 @@ impl CaseCtx<'_, '_> {
                 "fault",
             );
             self.fleet.stop(index, Duration::from_secs(5)).await;
-            let links = open_links(self.bed, &self.fleet.wire, &id).await?;
+            let version = self.fleet.workers[index].version.clone();
+            let addr = self
+                .backends
+                .iter()
+                .find(|b| b.version() == version)
+                .map(ModelBackend::addr)
+                .ok_or_else(|| Error::other(format!("no model backend of {version}")))?;
+            let links = open_links(self.bed, &self.fleet.wire, &id, &(version, addr)).await?;
             let worker = &mut self.fleet.workers[index];
+            worker.model_url = links.backend_url(&worker.version).unwrap_or_default();
             worker.links = links;
             configure(
                 self.system,
@@ -414,6 +424,7 @@ pub(super) async fn run_case(
     ctx.aim.other = other;
     ctx.aim.delivery_tag = delivery_tag;
     ctx.aim.slow_guards = slow_guards;
+    let began = now_ms();
     let effect = crate::fault::apply(
         &Fault::Framework {
             kind: fault,
@@ -427,7 +438,7 @@ pub(super) async fn run_case(
         // and the case is not counted as an application of it.
         ctx.note(&taker_id, &taker_id, effect.to_string(), "fault");
     }
-    ctx.effects.push((now_ms(), effect));
+    ctx.effects.push((began, effect));
     let slow_guards = std::mem::take(&mut ctx.aim.slow_guards);
     // The first attempt's model call may still be running: wait it out, then drain.
     let done_by = call_started + slow + Duration::from_millis(500);

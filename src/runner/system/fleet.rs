@@ -287,9 +287,15 @@ pub(super) fn with_path(url: &str, path: &str) -> String {
     format!("{scheme}://{}/{path}{query}", &rest[..authority_end])
 }
 
-/// Links of a worker's own (Redis and Postgres proxies), every round trip recorded as its.
-pub(super) async fn open_links(bed: &TestBed, wire: &Wire, id: &str) -> Result<CaseLinks> {
-    let links = bed.links(false, true).await?;
+/// Links of a worker's own (proxies in front of Redis, Postgres and its version's model), every
+/// round trip recorded as its.
+pub(super) async fn open_links(
+    bed: &TestBed,
+    wire: &Wire,
+    id: &str,
+    model: &(String, std::net::SocketAddr),
+) -> Result<CaseLinks> {
+    let links = bed.links_to(std::slice::from_ref(model), true).await?;
     let sink = wire.clone();
     links.record(
         id,

@@ -96,16 +96,17 @@ async fn history(ctx: &mut CaseCtx<'_, '_>, request: &str, input: &str) -> Resul
             }),
         })
         .collect();
+    // A system case has no schedule steps: every event is step 0, and its time says where it is.
     for (at, effect) in &ctx.effects {
         events.push(Event {
-            step: 1,
+            step: 0,
             at_ms: since(*at),
             kind: EventKind::Fault(effect.clone()),
         });
     }
     for (at, event) in case_trips(ctx) {
         events.push(Event {
-            step: 1,
+            step: 0,
             at_ms: since(at),
             kind: EventKind::Wire(Box::new(event)),
         });
@@ -115,7 +116,7 @@ async fn history(ctx: &mut CaseCtx<'_, '_>, request: &str, input: &str) -> Resul
             && let Ok(line) = crate::contract::log::parse::parse_line(line)
         {
             events.push(Event {
-                step: 1,
+                step: 0,
                 at_ms: since(*at),
                 kind: EventKind::Worker(line),
             });
@@ -165,6 +166,8 @@ async fn history(ctx: &mut CaseCtx<'_, '_>, request: &str, input: &str) -> Resul
         layout: ctx.system.keys.clone(),
         terminal: ctx.system.results.terminal.clone(),
         connections,
+        wire_origin_ms: Some(ctx.wire_origin_unix_ms - t0),
+        epoch_unix_ms: Some(t0),
     };
     history.attribute_writers();
     Ok(history)
@@ -183,7 +186,15 @@ pub(super) async fn judge(
     let results = &system.results;
     let history = history(ctx, &request, input).await?;
     let (invariants, not_judged) = judged(system);
-    let case = CaseResult::judge(history, &invariants);
+    let mut case = CaseResult::judge(history, &invariants);
+    // A system case has no schedule steps: the proof's place is its time, not "step 0".
+    for violation in &mut case.violations {
+        for line in &mut violation.evidence {
+            if let Some(rest) = line.strip_prefix("step 0 ") {
+                *line = rest.to_owned();
+            }
+        }
+    }
     for write in &case.history.audit {
         let terminal = case.history.is_final(write);
         ctx.arrows.push(Arrow {
@@ -307,6 +318,8 @@ pub(super) async fn judge(
         elapsed_ms: 0,
         model_calls,
         final_writes,
+        effect: ctx.effects.first().map(|(_, effect)| effect.clone()),
+        landed: case.coverage.landed(fault) > 0,
     })
 }
 

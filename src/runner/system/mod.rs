@@ -27,11 +27,12 @@ mod tests;
 
 pub use judge::sequence_text;
 
-use crate::check::{Invariant, Violation};
+use crate::check::coverage::{Coverage, Scope};
+use crate::check::{Invariant, Verdict, Violation};
 use crate::env::TestBed;
 use crate::env::backends::ModelBackend;
 use crate::env::python::Venv;
-use crate::fault::FaultKind;
+use crate::fault::{Effect, FaultKind};
 use crate::history::AuditRow;
 use crate::system::System;
 use crate::system::preset::audit_sql;
@@ -42,6 +43,7 @@ use fleet::{Fleet, Worker, configure, open_links, with_path};
 use rand::RngExt;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
 use std::collections::BTreeMap;
@@ -151,6 +153,13 @@ pub struct SystemCase {
     /// token column, no `[keys]`): reported, never counted as held.
     #[serde(default)]
     pub not_judged: Vec<Invariant>,
+    /// What the case's fault did (None: it never came, no worker took the request).
+    #[serde(default)]
+    pub effect: Option<Effect>,
+    /// Whether the fault landed on its target, judged from the case's history (the wire, the
+    /// audit trail), not from its having been sent.
+    #[serde(default)]
+    pub landed: bool,
     /// The sequence diagram.
     pub diagram: Vec<Arrow>,
     /// Lanes of the diagram, left to right.
@@ -182,6 +191,9 @@ pub struct SystemOutcome {
     /// collector would hold; `racecert replay LOG --system FILE` reads it back).
     #[serde(default)]
     pub log: Vec<WorkerLine>,
+    /// The fault kinds the run applies (its scope: each must land for a PASS).
+    #[serde(default)]
+    pub kinds: Vec<FaultKind>,
 }
 
 /// One line a worker printed.
@@ -197,8 +209,48 @@ pub struct WorkerLine {
 
 impl SystemOutcome {
     /// No case broke an invariant.
-    pub fn passed(&self) -> bool {
+    pub fn held(&self) -> bool {
         self.cases.iter().all(|c| c.violations.is_empty())
+    }
+
+    /// Landed / applied per fault kind over the cases, from each case's evidence.
+    pub fn coverage(&self) -> Coverage {
+        let mut coverage = Coverage::default();
+        for case in &self.cases {
+            match &case.effect {
+                Some(Effect::NotApplicable { kind, why }) => {
+                    coverage
+                        .not_applicable
+                        .entry(*kind)
+                        .or_insert_with(|| why.clone());
+                }
+                Some(_) => coverage.applied_kind(case.fault, case.landed),
+                None => {}
+            }
+        }
+        coverage
+    }
+
+    /// What a PASS needs: every kind the run applies lands at least once.
+    pub fn scope(&self) -> Scope {
+        Scope::of(&self.kinds)
+    }
+
+    /// The run's verdict: FAILED on a broken invariant, INCONCLUSIVE when a kind in scope never
+    /// landed, PASSED otherwise.
+    pub fn verdict(&self) -> Verdict {
+        if !self.held() {
+            Verdict::Failed
+        } else if !self.scope().unlanded(&self.coverage()).is_empty() {
+            Verdict::Inconclusive
+        } else {
+            Verdict::Passed
+        }
+    }
+
+    /// Whether the run earned a PASS.
+    pub fn passed(&self) -> bool {
+        self.verdict() == Verdict::Passed
     }
 
     /// The first failing case.
@@ -298,24 +350,10 @@ async fn run_in_database(
     for (version, name) in &system.versions {
         backends.push(ModelBackend::start_with(name, version, system.model.clone()).await);
     }
-    let mut model_proxies = Vec::new();
-    let outcome = run_with_backends(
-        bed,
-        system,
-        settings,
-        faults,
-        venv,
-        database,
-        redis_db,
-        run,
-        &backends,
-        &mut model_proxies,
+    run_with_backends(
+        bed, system, settings, faults, venv, database, redis_db, run, &backends,
     )
-    .await;
-    for name in model_proxies {
-        let _ = bed.toxiproxy().delete(&name).await;
-    }
-    outcome
+    .await
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -329,7 +367,6 @@ async fn run_with_backends(
     redis_db: u64,
     run: u64,
     backends: &[ModelBackend],
-    model_proxies: &mut Vec<String>,
 ) -> Result<SystemOutcome> {
     let db_url = with_path(&bed.database_direct_url(), database);
     let mut pg = PgConnection::connect(&db_url).await?;
@@ -351,15 +388,10 @@ async fn run_with_backends(
     let mut workers = Vec::new();
     for (i, (version, _)) in system.versions.iter().enumerate() {
         let id = format!("worker-{}", (b'a' + i as u8) as char);
-        let links = open_links(bed, &wire, &id).await?;
-        // The worker's own proxy in front of its version's model.
-        let proxy_name = format!("{}-sys{run}-{id}-model", bed.id());
-        let proxy = bed
-            .toxiproxy()
-            .create(&proxy_name, "127.0.0.1:0", &backends[i].addr().to_string())
-            .await?;
-        model_proxies.push(proxy_name);
-        let model_url = format!("http://{}", proxy.listen());
+        // The worker's own proxies, its version's model among them: every call it makes is
+        // recorded as its own.
+        let links = open_links(bed, &wire, &id, &(version.clone(), backends[i].addr())).await?;
+        let model_url = links.backend_url(version).unwrap_or_default();
         let mut worker = Worker {
             id,
             command: String::new(),
@@ -435,6 +467,9 @@ async fn run_with_backends(
     let mut first_failure_ms = None;
     if result.is_ok() {
         let began = Instant::now();
+        // The framework's kinds in an order of the seed's: the budget goes to each of them first.
+        let mut rotation = scope_kinds(faults);
+        rotation.shuffle(&mut StdRng::seed_from_u64(settings.seed));
         let numbers: Vec<u32> = match settings.only_case {
             Some(n) => vec![n],
             None => (1..=settings.cases).collect(),
@@ -446,11 +481,11 @@ async fn run_with_backends(
                 break;
             }
             let mut rng = StdRng::seed_from_u64(settings.seed ^ (u64::from(number) << 32));
-            // Faults given: each in turn, so every one is exercised; else drawn from the seed.
             let drawn = rng.random_range(0..faults.len());
             let fault = if settings.faults.is_empty() {
-                faults[drawn]
+                next_fault(faults, &rotation, &cases, number, settings.only_case, drawn)
             } else {
+                // Faults given: each in turn, so every one is exercised.
                 faults[(number as usize - 1) % faults.len()]
             };
             if !still_needed(&settings.goals, fault, &cases) {
@@ -474,6 +509,7 @@ async fn run_with_backends(
                 companions: Vec::new(),
                 aim: Aim::default(),
                 effects: Vec::new(),
+                wire_origin_unix_ms: bed.wire_origin_unix_ms(),
             };
             let started = Instant::now();
             match run_case(&mut ctx, number, fault, venv, redis_db, database).await {
@@ -527,7 +563,48 @@ async fn run_with_backends(
         first_failure_ms,
         outputs,
         log,
+        kinds: scope_kinds(faults),
     })
+}
+
+/// The fault of case `number` when the framework's own are drawn: every kind in `rotation`
+/// first, then, until each has landed once, the kinds that have not (a kind that was applied
+/// three times without landing yields its turn: the run will say INCONCLUSIVE for it), then
+/// draws weighted as the preset weighs them (`drawn`). A rerun of one case alone takes its turn
+/// in the rotation.
+fn next_fault(
+    faults: &[FaultKind],
+    rotation: &[FaultKind],
+    cases: &[SystemCase],
+    number: u32,
+    only_case: Option<u32>,
+    drawn: usize,
+) -> FaultKind {
+    if only_case.is_some() || cases.len() < rotation.len() {
+        let turn = if only_case.is_some() {
+            number as usize - 1
+        } else {
+            cases.len()
+        };
+        return rotation[turn % rotation.len()];
+    }
+    let unlanded = rotation.iter().copied().find(|kind| {
+        let mine = cases.iter().filter(|c| c.fault == *kind);
+        let (tried, landed) = mine.fold((0, false), |(n, l), c| (n + 1, l || c.landed));
+        !landed && tried < 3
+    });
+    unlanded.unwrap_or(faults[drawn])
+}
+
+/// The distinct kinds of a run's fault list, in order: its scope.
+fn scope_kinds(faults: &[FaultKind]) -> Vec<FaultKind> {
+    let mut kinds = Vec::new();
+    for kind in faults {
+        if !kinds.contains(kind) {
+            kinds.push(*kind);
+        }
+    }
+    kinds
 }
 
 fn tail(text: &str, n: usize) -> String {

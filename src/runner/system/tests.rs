@@ -22,6 +22,8 @@ fn a_fault_is_skipped_once_every_goal_it_serves_is_met() {
             })
             .collect(),
         not_judged: Vec::new(),
+        effect: None,
+        landed: false,
         diagram: Vec::new(),
         lanes: Vec::new(),
         elapsed_ms: 0,
@@ -174,6 +176,8 @@ fn the_diagram_draws_arrows_between_lanes() {
         writes: Vec::new(),
         violations: Vec::new(),
         not_judged: Vec::new(),
+        effect: None,
+        landed: false,
         diagram: vec![
             Arrow {
                 at_ms: 5,

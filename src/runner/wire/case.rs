@@ -519,6 +519,7 @@ impl<'b> Case<'b> {
             self.plane.connections(),
         )
         .await?;
+        history.wire_origin_ms = Some(self.recorder.offset_of(bed.wire_origin()));
         history
             .audit
             .retain(|row| keys.contains(&row.idempotency_key));

@@ -326,6 +326,9 @@ pub struct WireSearch {
     /// Enumerate depth-2 schedules up to this many round trips of the preempted worker first
     /// (0: PCT only).
     pub depth_two_steps: u32,
+    /// Then enumerate depth-3 schedules (two preemptions around a lease expiry) at the conflict
+    /// points of a job's round trips.
+    pub depth_three: bool,
     /// The PCT plan.
     pub pct: Pct,
     /// Most shrink candidates tried.
@@ -341,7 +344,12 @@ impl WireSearch {
             cases: u32::MAX,
             requests: 1,
             depth_two_steps: 14,
-            pct: Pct::default(),
+            depth_three: true,
+            // Bugs of three ordered steps of two workers need two change points.
+            pct: Pct {
+                depth: 3,
+                steps: 24,
+            },
             shrink_runs: 40,
         }
     }
@@ -363,6 +371,7 @@ pub async fn search(
         depth_two_steps: search.depth_two_steps,
         pct: search.pct,
         workers: settings.workers.len(),
+        depth_three: search.depth_three,
     });
     let config = SearchConfig {
         seed: search.seed,

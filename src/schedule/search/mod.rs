@@ -220,6 +220,13 @@ pub trait Source<S>: Send {
     /// None when the source has nothing more.
     fn case(&mut self, case: usize, corpus: &Corpus<S>) -> Result<Option<(Case<S>, Origin)>>;
 
+    /// Learns from a case that held, once it is judged (a source that plans its next cases from
+    /// what earlier ones did: the round trips a worker makes, for one). Searches that use it run
+    /// one case at a time, so what it learns is the same whatever the timing.
+    fn observe(&mut self, case: usize, outcome: &Outcome<S>) {
+        let _ = (case, outcome);
+    }
+
     /// Keeps a failing schedule (already shrunk) so later searches replay it first; the
     /// original case is given as well (a generated one persists by its own seed).
     fn persist(&mut self, original: (usize, Origin), shrunk: &Schedule<S>) -> Result<()> {
@@ -462,6 +469,7 @@ async fn screen<R: Runner>(
                         });
                         done = true;
                     } else {
+                        source.observe(judged, &outcome);
                         if new > 0 {
                             corpus.add(
                                 outcome.schedule.clone(),

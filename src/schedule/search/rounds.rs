@@ -103,11 +103,27 @@ impl PctPlan {
     }
 }
 
+/// What lands at the preemption point of a depth-2 schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AtPreemption {
+    /// Request 0's lease expires (and its delivery outlives the visibility timeout).
+    Expire,
+    /// The preempted worker is killed (and restarted).
+    Crash,
+    /// Nothing: a plain preemption.
+    Nothing,
+}
+
 /// Every depth-2 schedule of a small case: worker `a` runs `c` round trips (c = 1..=`steps`) and
-/// is preempted, with or without request 0's lease expiring then; worker `b` finishes, then `a`.
+/// is preempted, with request 0's lease expiring then, with `a` killed then, or with nothing;
+/// worker `b` finishes, then `a`.
 pub fn depth_two(workers: usize, steps: u32, requests: &[RequestSpec]) -> Vec<Schedule<WireStep>> {
     let mut out = Vec::new();
-    for expire in [true, false] {
+    for at in [
+        AtPreemption::Expire,
+        AtPreemption::Crash,
+        AtPreemption::Nothing,
+    ] {
         for c in 1..=steps {
             for a in 0..workers {
                 for b in (0..workers).filter(|b| *b != a) {
@@ -115,14 +131,117 @@ pub fn depth_two(workers: usize, steps: u32, requests: &[RequestSpec]) -> Vec<Sc
                         worker: a,
                         trips: c,
                     }];
-                    if expire {
-                        list.push(WireStep::Fault(Fault::ExpireLease { request: 0 }));
+                    match at {
+                        AtPreemption::Expire => {
+                            list.push(WireStep::Fault(Fault::ExpireLease { request: 0 }))
+                        }
+                        AtPreemption::Crash => {
+                            list.push(WireStep::Fault(Fault::CrashWorker { worker: a }))
+                        }
+                        AtPreemption::Nothing => {}
                     }
                     list.push(WireStep::Finish { worker: b });
                     list.push(WireStep::Finish { worker: a });
                     out.push(Schedule {
                         requests: requests.to_vec(),
                         steps: list,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The fault a depth-bounded schedule applies, if any (what round-robin ordering groups by).
+fn fault_of(schedule: &Schedule<WireStep>) -> Option<crate::fault::FaultKind> {
+    schedule.steps.iter().find_map(|step| match step {
+        WireStep::Fault(fault) => Some(fault.kind()),
+        _ => None,
+    })
+}
+
+/// What a round trip touches, from its fingerprint: the key or table, and whether it writes it.
+/// Queue polls, backend calls and set-up touch nothing another worker's job order depends on.
+fn resource(print: &str) -> Option<(String, bool)> {
+    const WRITES: [&str; 16] = [
+        "SET", "SETEX", "PSETEX", "SETNX", "GETSET", "GETDEL", "DEL", "UNLINK", "EXPIRE",
+        "PEXPIRE", "EVAL", "EVALSHA", "FCALL", "XACK", "XCLAIM", "EXEC",
+    ];
+    if let Some(rest) = print.strip_prefix("redis ") {
+        let mut words = rest.split_whitespace();
+        let command = words.next()?;
+        let key = words.next()?;
+        if matches!(command, "XREADGROUP" | "XAUTOCLAIM" | "XPENDING" | "XINFO") {
+            return None;
+        }
+        return Some((key.to_owned(), WRITES.contains(&command)));
+    }
+    if let Some(rest) = print.strip_prefix("postgres [") {
+        let verb = rest.split_whitespace().next()?;
+        let tables = rest.split_once(' ')?.1.split(" | ").next()?;
+        if tables.is_empty() {
+            return None;
+        }
+        let write = verb != "SELECT" || rest.contains("FOR UPDATE");
+        return Some((tables.to_owned(), write));
+    }
+    None
+}
+
+/// The points of a job's round trips where preempting its worker can matter (partial-order
+/// reduction): before a round trip on a key or table that some round trip of a job writes.
+/// Round trips on anything else commute with the other worker's, so stopping before them gives
+/// no order that stopping elsewhere does not; skipping them keeps depth 3 affordable.
+pub fn conflict_points(prints: &[String]) -> Vec<u32> {
+    let touched: Vec<Option<(String, bool)>> = prints.iter().map(|p| resource(p)).collect();
+    let written: std::collections::BTreeSet<&str> = touched
+        .iter()
+        .flatten()
+        .filter(|(_, write)| *write)
+        .map(|(resource, _)| resource.as_str())
+        .collect();
+    touched
+        .iter()
+        .enumerate()
+        .filter(|(i, t)| {
+            *i > 0
+                && t.as_ref()
+                    .is_some_and(|(r, _)| written.contains(r.as_str()))
+        })
+        .map(|(i, _)| i as u32)
+        .collect()
+}
+
+/// Every depth-3 schedule over `points`: worker `a` runs to point `p`, its lease expires (and its
+/// delivery outlives the visibility timeout), worker `b` takes the job and runs to point `q`,
+/// then `a` finishes, then `b`: two preemptions, the shape of a late writer meeting the live
+/// holder of a job it lost (a lease overwritten, a status-only fence passed).
+pub fn depth_three(
+    workers: usize,
+    points: &[u32],
+    requests: &[RequestSpec],
+) -> Vec<Schedule<WireStep>> {
+    let mut out = Vec::new();
+    for p in points {
+        for q in points {
+            for a in 0..workers {
+                for b in (0..workers).filter(|b| *b != a) {
+                    out.push(Schedule {
+                        requests: requests.to_vec(),
+                        steps: vec![
+                            WireStep::Run {
+                                worker: a,
+                                trips: *p,
+                            },
+                            WireStep::Fault(Fault::ExpireLease { request: 0 }),
+                            WireStep::Run {
+                                worker: b,
+                                trips: *q,
+                            },
+                            WireStep::Finish { worker: a },
+                            WireStep::Finish { worker: b },
+                        ],
                     });
                 }
             }
@@ -147,6 +266,9 @@ pub struct Rounds {
     pub pct: Pct,
     /// Workers of a case.
     pub workers: usize,
+    /// After the depth-2 enumeration, enumerate depth-3 schedules at the conflict points of the
+    /// round trips a job made there.
+    pub depth_three: bool,
 }
 
 impl Rounds {
@@ -161,14 +283,20 @@ impl Rounds {
     }
 }
 
-/// The source of round-trip cases: the enumeration (seeded order, preemptions with a lease
-/// expiry first: with nothing expired, the other worker has no delivery to take and the
-/// preemption changes nothing), then PCT plans.
+/// The source of round-trip cases: the enumeration, then PCT plans. The enumeration runs in a
+/// seeded order, round-robin over the faults at the preemption point (a lease expiry, a kill of
+/// the preempted worker, then nothing: with nothing expired, the other worker has no delivery to
+/// take and a plain preemption changes little), so every fault kind lands early in the budget.
 #[derive(Debug)]
 pub struct RoundSource {
     rounds: Rounds,
     requests: Vec<RequestSpec>,
     enumerated: std::vec::IntoIter<Schedule<WireStep>>,
+    /// The longest run of one worker's round trips seen (their fingerprints), from which the
+    /// depth-3 enumeration takes its points.
+    job: Vec<String>,
+    /// The depth-3 enumeration, once planned.
+    third: Option<std::vec::IntoIter<Schedule<WireStep>>>,
     rng: StdRng,
 }
 
@@ -183,15 +311,33 @@ impl RoundSource {
             Vec::new()
         };
         enumerated.shuffle(&mut rng);
-        enumerated.sort_by_key(|s| {
-            !s.steps
-                .iter()
-                .any(|st| matches!(st, WireStep::Fault(Fault::ExpireLease { .. })))
-        });
+        // Round-robin over the faults: the i-th schedule of each group, in the groups' order.
+        let order = [
+            Some(crate::fault::FaultKind::LeaseExpiry),
+            Some(crate::fault::FaultKind::WorkerCrash),
+            None,
+        ];
+        let mut seen = [0usize; 3];
+        let mut keyed: Vec<(usize, usize, Schedule<WireStep>)> = enumerated
+            .into_iter()
+            .map(|schedule| {
+                let group = order
+                    .iter()
+                    .position(|kind| *kind == fault_of(&schedule))
+                    .unwrap_or(2);
+                seen[group] += 1;
+                (seen[group], group, schedule)
+            })
+            .collect();
+        keyed.sort_by_key(|(rank, group, _)| (*rank, *group));
+        let enumerated: Vec<Schedule<WireStep>> =
+            keyed.into_iter().map(|(_, _, schedule)| schedule).collect();
         RoundSource {
             enumerated: enumerated.into_iter(),
             requests,
             rounds,
+            job: Vec::new(),
+            third: None,
             rng,
         }
     }
@@ -206,12 +352,37 @@ impl Source<WireStep> for RoundSource {
         self.rounds.cases as usize
     }
 
+    /// Learns the round trips of a job: the longest first run of a worker seen so far.
+    fn observe(&mut self, _case: usize, outcome: &super::Outcome<WireStep>) {
+        if let (Some(WireStep::Run { .. }), Some(first)) =
+            (outcome.schedule.steps.first(), outcome.trace.first())
+            && first.len() > self.job.len()
+        {
+            self.job = first.clone();
+        }
+    }
+
     fn case(
         &mut self,
         case: usize,
         _corpus: &Corpus<WireStep>,
     ) -> Result<Option<(Case<WireStep>, Origin)>> {
         if let Some(schedule) = self.enumerated.next() {
+            return Ok(Some((
+                Case::Fixed(schedule),
+                Origin::Generated { index: case },
+            )));
+        }
+        if self.rounds.depth_three && self.third.is_none() {
+            let mut third = depth_three(
+                self.rounds.workers,
+                &conflict_points(&self.job),
+                &self.requests,
+            );
+            third.shuffle(&mut self.rng);
+            self.third = Some(third.into_iter());
+        }
+        if let Some(schedule) = self.third.as_mut().and_then(Iterator::next) {
             return Ok(Some((
                 Case::Fixed(schedule),
                 Origin::Generated { index: case },
@@ -244,11 +415,35 @@ mod tests {
             input: "input-0".into(),
         }];
         let all = depth_two(2, 5, &requests);
-        // 2 ordered pairs x 5 preemption points x {expiry, none}.
-        assert_eq!(all.len(), 20);
+        // 2 ordered pairs x 5 preemption points x {expiry, kill, nothing}.
+        assert_eq!(all.len(), 30);
         let unique: std::collections::HashSet<_> = all.iter().collect();
         assert_eq!(unique.len(), all.len());
         assert!(all.iter().all(|s| s.steps.len() <= 4));
+    }
+
+    #[test]
+    fn conflict_points_are_the_round_trips_on_what_a_job_writes() {
+        let job: Vec<String> = [
+            "redis XAUTOCLAIM {ns}inference:jobs",
+            "redis GET {ns}inference:active_version",
+            "redis SET {ns}inference:lock:{req#0}",
+            "postgres [UPDATE inference_jobs | UPDATE inference_jobs SET status = $1]",
+            "redis GET {ns}inf:v1:abc",
+            "http POST /v1/infer",
+            "redis SETEX {ns}inf:v1:abc",
+            "postgres [UPDATE inference_jobs | UPDATE inference_jobs SET status = $1]",
+            "redis XACK {ns}inference:jobs",
+            "redis EVALSHA {ns}inference:lock:{req#0}",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        // Not the poll, not the version pointer nobody writes, not the backend call.
+        assert_eq!(conflict_points(&job), vec![2, 3, 4, 6, 7, 8, 9]);
+        let all = depth_three(2, &[2, 3], &[]);
+        // 2 x 2 points x 2 ordered pairs, each two preemptions around an expiry.
+        assert_eq!(all.len(), 8);
+        assert!(all.iter().all(|s| s.steps.len() == 5));
     }
 
     #[test]
@@ -268,7 +463,7 @@ mod tests {
     }
 
     #[test]
-    fn the_enumeration_comes_first_with_expiries_before_plain_preemptions() {
+    fn the_enumeration_comes_first_round_robin_over_its_faults() {
         let mut source = RoundSource::new(Rounds {
             seed: 1,
             cases: u32::MAX,
@@ -276,23 +471,29 @@ mod tests {
             depth_two_steps: 3,
             pct: Pct::default(),
             workers: 2,
+            depth_three: false,
         });
         let corpus = Corpus::default();
-        let expires = |case: &Case<WireStep>| match case {
-            Case::Fixed(s) => s
-                .steps
-                .iter()
-                .any(|st| matches!(st, WireStep::Fault(Fault::ExpireLease { .. }))),
+        let kind = |case: &Case<WireStep>| match case {
+            Case::Fixed(s) => fault_of(s),
             Case::Pct { .. } => panic!("enumerated first"),
         };
-        // 2 expiry settings x 3 trip counts x 2 ordered pairs.
-        let cases: Vec<Case<WireStep>> = (0..12)
-            .map(|i| source.case(i, &corpus).unwrap().unwrap().0)
+        // 3 settings at the preemption x 3 trip counts x 2 ordered pairs.
+        let kinds: Vec<Option<crate::fault::FaultKind>> = (0..18)
+            .map(|i| kind(&source.case(i, &corpus).unwrap().unwrap().0))
             .collect();
-        assert!(cases[..6].iter().all(expires));
-        assert!(!cases[6..].iter().any(expires));
+        for round in kinds.chunks(3) {
+            assert_eq!(
+                round,
+                [
+                    Some(crate::fault::FaultKind::LeaseExpiry),
+                    Some(crate::fault::FaultKind::WorkerCrash),
+                    None
+                ]
+            );
+        }
         assert!(matches!(
-            source.case(12, &corpus).unwrap().unwrap(),
+            source.case(18, &corpus).unwrap().unwrap(),
             (Case::Pct { .. }, Origin::Pct)
         ));
     }

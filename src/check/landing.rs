@@ -1,0 +1,403 @@
+//! Whether a fault landed on its target, judged from what the history shows happened, never
+//! from what the fault meant to do: a pause counts as a lease expiry only if the paused worker's
+//! lease really ran out (or another worker took it) while it was stopped; a kill of a team's
+//! worker counts only if that worker had the request in flight when it died; a forced redelivery
+//! counts only if another worker then acted on the request. The evidence is the wire (each
+//! worker's round trips, with their send and answer times), the audit trail (when the final
+//! write came) and the requests' ids and inputs (what a round trip names).
+
+use crate::contract::layout::KeyMatcher;
+use crate::fault::FaultKind;
+use crate::history::{Event, EventKind, History};
+use crate::wire::{PgRequest, RedisReply, Reply, Request, RoundTrip};
+use std::collections::HashMap;
+
+/// A lease event on the wire: who took, released or lost which lease key, when.
+#[derive(Debug, Clone)]
+enum LeaseEvent {
+    /// Taken (a `SET` answered OK) for `ttl` ms (None: no expiry).
+    Taken { ttl: Option<u64> },
+    /// Released or deleted.
+    Gone,
+}
+
+/// The leases on the wire, replayed as events arrive: per key, what happened to it, when, by
+/// whom.
+#[derive(Debug, Default)]
+pub(super) struct Leases {
+    by_key: HashMap<String, Vec<(i64, String, LeaseEvent)>>,
+}
+
+impl Leases {
+    /// Takes in one event (a round trip on a lease key, or a fault that removed leases).
+    pub(super) fn observe(&mut self, history: &History, event: &Event, keys: &KeyMatcher) {
+        let EventKind::Wire(wire) = &event.kind else {
+            return;
+        };
+        let (Request::Redis(command), Some(Reply::Redis(reply))) =
+            (&wire.trip.request, &wire.trip.reply)
+        else {
+            return;
+        };
+        let Some(key) = command.keys.iter().find(|k| keys.is_lease(k)) else {
+            return;
+        };
+        let at = answered_ms(history, event, &wire.trip);
+        let change = match command.name.as_str() {
+            "SET" if matches!(reply, RedisReply::Status(s) if s.eq_ignore_ascii_case("OK")) => {
+                LeaseEvent::Taken {
+                    ttl: set_ttl(&command.args),
+                }
+            }
+            "DEL" | "UNLINK" | "GETDEL" => LeaseEvent::Gone,
+            "EVAL" | "EVALSHA" | "FCALL" if matches!(reply, RedisReply::Int(n) if *n > 0) => {
+                LeaseEvent::Gone
+            }
+            _ => return,
+        };
+        self.by_key
+            .entry(key.clone())
+            .or_default()
+            .push((at, wire.worker.clone(), change));
+    }
+
+    /// Whether a lease `worker` held when it stopped (`from`) ran out, or was taken by another
+    /// worker, before it resumed (`to`): what makes a pause a lease expiry.
+    pub(super) fn lost_during(&self, worker: &str, from: i64, to: i64) -> bool {
+        self.by_key.values().any(|events| {
+            // The holder as of `from`.
+            let held =
+                events
+                    .iter()
+                    .rev()
+                    .find(|(at, _, _)| *at <= from)
+                    .and_then(|(at, who, change)| match change {
+                        LeaseEvent::Taken { ttl } if who == worker => Some((*at, *ttl)),
+                        _ => None,
+                    });
+            let Some((taken_at, ttl)) = held else {
+                return false;
+            };
+            let ran_out = ttl.is_some_and(|ttl| {
+                let expires = taken_at + ttl as i64;
+                expires > from && expires <= to
+            });
+            let taken_over = events.iter().any(|(at, who, change)| {
+                *at > from
+                    && *at <= to
+                    && who != worker
+                    && matches!(change, LeaseEvent::Taken { .. })
+            });
+            ran_out || taken_over
+        })
+    }
+
+    /// Whether any lease was seen at all (the worker uses the contract's leases).
+    pub(super) fn any(&self) -> bool {
+        !self.by_key.is_empty()
+    }
+}
+
+/// The TTL a `SET` gives, in ms.
+fn set_ttl(args: &[String]) -> Option<u64> {
+    let after = |name: &str| {
+        args.iter()
+            .position(|a| a.eq_ignore_ascii_case(name))
+            .and_then(|i| args.get(i + 1))
+    };
+    if let Some(ms) = after("PX") {
+        return ms.parse().ok();
+    }
+    after("EX")
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(|s| s * 1000)
+}
+
+/// When a round trip was sent, in the history's milliseconds (its event's time when the wire's
+/// clock is not placed).
+fn sent_ms(history: &History, event: &Event, trip: &RoundTrip) -> i64 {
+    match history.wire_origin_ms {
+        Some(origin) => origin + (trip.sent_us / 1000) as i64,
+        None => event.at_ms as i64,
+    }
+}
+
+/// When a round trip was answered (its event's time when the wire's clock is not placed, or
+/// there was no answer: the connection ended first).
+fn answered_ms(history: &History, event: &Event, trip: &RoundTrip) -> i64 {
+    match (history.wire_origin_ms, trip.answered_us) {
+        (Some(origin), Some(us)) => origin + (us / 1000) as i64,
+        _ => event.at_ms as i64,
+    }
+}
+
+/// The ids and inputs of the history's requests: what a round trip acting on one names.
+fn names(history: &History) -> Vec<&str> {
+    history
+        .requests
+        .iter()
+        .flat_map(|r| [r.request_id.as_str(), r.input.as_str()])
+        .filter(|n| n.len() >= 4)
+        .collect()
+}
+
+/// Whether a round trip acts on a request: a statement naming it (its SQL or parameters), a
+/// backend call whose body names it, a command whose arguments do.
+fn names_request(trip: &RoundTrip, names: &[&str]) -> bool {
+    let named = |text: &str| names.iter().any(|n| text.contains(n));
+    match &trip.request {
+        Request::Postgres(PgRequest::Batch(batch)) => batch
+            .statements
+            .iter()
+            .any(|s| s.executed && (named(&s.sql) || s.params.iter().flatten().any(|p| named(p)))),
+        Request::Http(call) => named(&call.body) || named(&call.path),
+        Request::Redis(command) => command.args.iter().any(|a| named(a)),
+        _ => false,
+    }
+}
+
+/// When the first final write of any request came, in the history's milliseconds (None: none
+/// came, or the audit trail's clock is not placed).
+fn first_final(history: &History) -> Option<i64> {
+    let epoch = history.epoch_unix_ms?;
+    history
+        .audit
+        .iter()
+        .filter(|row| history.is_final(row))
+        .filter_map(|row| row.recorded_ms)
+        .min()
+        .map(|ms| ms - epoch)
+}
+
+/// The round trips of the history that act on a request, with their worker and send and answer
+/// times.
+fn acting(history: &History) -> Vec<(&str, i64, i64, bool)> {
+    let names = names(history);
+    history
+        .events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::Wire(wire) if names_request(&wire.trip, &names) => Some((
+                wire.worker.as_str(),
+                sent_ms(history, event, &wire.trip),
+                answered_ms(history, event, &wire.trip),
+                wire.trip.reply.is_some(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether `worker` had a request in hand at `at`: a round trip of its acting on the request was
+/// in flight then (sent before, answered after or never), and no final write had come.
+fn held(history: &History, worker: &str, at: i64) -> bool {
+    let unfinished = first_final(history).is_none_or(|done| done > at);
+    unfinished
+        && acting(history)
+            .iter()
+            .any(|(who, sent, answered, replied)| {
+                *who == worker && *sent <= at && (!replied || *answered >= at)
+            })
+}
+
+/// Whether, after `at`, a worker other than `worker` acted on the request (its restored or
+/// requeued delivery reached it).
+fn taken_by_another(history: &History, worker: &str, at: i64) -> bool {
+    acting(history)
+        .iter()
+        .any(|(who, sent, _, _)| *who != worker && *sent >= at)
+}
+
+/// Whether the request was untouched at `at` (reserved, not started: no round trip acting on it
+/// in flight or done) and unfinished.
+fn reserved(history: &History, at: i64) -> bool {
+    first_final(history).is_none_or(|done| done > at)
+        && !acting(history).iter().any(|(_, sent, _, _)| *sent <= at)
+}
+
+/// Whether framework fault `kind`, begun at `at` (history ms) on `worker`, landed on its target.
+pub(super) fn framework(history: &History, kind: FaultKind, worker: &str, at: i64) -> bool {
+    match kind {
+        FaultKind::KillPoolChild | FaultKind::KillMain | FaultKind::WarmShutdown => {
+            held(history, worker, at)
+        }
+        FaultKind::VisibilityOutlived | FaultKind::ForcedRestore | FaultKind::HeartbeatMiss => {
+            held(history, worker, at) && taken_by_another(history, worker, at)
+        }
+        FaultKind::PrefetchRestore => {
+            reserved(history, at) && taken_by_another(history, worker, at)
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::layout::KeyLayout;
+    use crate::history::SubmittedRequest;
+    use crate::wire::{HttpRequest, RedisCommand, WireEvent};
+
+    fn trip(request: Request, reply: Option<Reply>, sent_ms: u64, answered_ms: u64) -> RoundTrip {
+        RoundTrip {
+            link: "l".into(),
+            conn: 1,
+            seq: 0,
+            sent_us: sent_ms * 1000,
+            forwarded_us: Some(sent_ms * 1000),
+            answered_us: reply.as_ref().map(|_| answered_ms * 1000),
+            request,
+            reply,
+        }
+    }
+
+    fn wire(at: u64, worker: &str, trip: RoundTrip) -> Event {
+        Event {
+            step: 0,
+            at_ms: at,
+            kind: EventKind::Wire(Box::new(WireEvent {
+                worker: worker.into(),
+                service: "x".into(),
+                trip,
+            })),
+        }
+    }
+
+    fn set(key: &str, px: u64) -> Request {
+        Request::Redis(RedisCommand {
+            name: "SET".into(),
+            args: vec![
+                key.into(),
+                "tok".into(),
+                "NX".into(),
+                "PX".into(),
+                px.to_string(),
+            ],
+            argc: 5,
+            keys: vec![key.into()],
+            queued: false,
+            truncated: false,
+        })
+    }
+
+    #[test]
+    fn a_pause_shorter_than_the_lease_does_not_count_as_an_expiry() {
+        let layout = KeyLayout::contract("");
+        let keys = layout.matcher();
+        let lease = "inference:lock:k";
+        let history = History {
+            wire_origin_ms: Some(0),
+            layout,
+            ..History::default()
+        };
+        let mut leases = Leases::default();
+        let ok = Some(Reply::Redis(RedisReply::Status("OK".into())));
+        // worker-a takes a 20-minute lease at 100 ms.
+        leases.observe(
+            &history,
+            &wire(
+                100,
+                "worker-a",
+                trip(set(lease, 1_200_000), ok.clone(), 99, 100),
+            ),
+            &keys,
+        );
+        assert!(leases.any());
+        // Paused from 1 s to 3 s: the lease never ran out, nobody took it.
+        assert!(!leases.lost_during("worker-a", 1000, 3000));
+        // A 1.5 s lease taken at 100 ms runs out during the same pause.
+        let mut short = Leases::default();
+        short.observe(
+            &history,
+            &wire(100, "worker-a", trip(set(lease, 1500), ok.clone(), 99, 100)),
+            &keys,
+        );
+        assert!(short.lost_during("worker-a", 1000, 3000));
+        // So does a lease another worker took while it was paused.
+        leases.observe(
+            &history,
+            &wire(
+                2000,
+                "worker-b",
+                trip(set(lease, 1_200_000), ok, 1999, 2000),
+            ),
+            &keys,
+        );
+        assert!(leases.lost_during("worker-a", 1000, 3000));
+        assert!(
+            !leases.lost_during("worker-b", 1000, 3000),
+            "b held nothing then"
+        );
+    }
+
+    #[test]
+    fn a_kill_lands_only_on_a_worker_with_the_request_in_flight() {
+        let call = |body: &str| {
+            Request::Http(HttpRequest {
+                method: "POST".into(),
+                path: "/v1/infer".into(),
+                headers: Vec::new(),
+                body: body.into(),
+                body_len: body.len() as u64,
+            })
+        };
+        let answer = || {
+            Some(Reply::Http(crate::wire::HttpResponse {
+                status: 200,
+                headers: Vec::new(),
+                body: String::new(),
+                body_len: 0,
+            }))
+        };
+        let history = History {
+            requests: vec![SubmittedRequest {
+                request_id: "req-77".into(),
+                idempotency_key: "req-77".into(),
+                input: "hello 77".into(),
+            }],
+            wire_origin_ms: Some(0),
+            epoch_unix_ms: Some(0),
+            events: vec![
+                // worker-a's call for the request: sent at 100, cut (no answer) at 900.
+                wire(
+                    900,
+                    "worker-a",
+                    trip(call("{\"input\": \"hello 77\"}"), None, 100, 0),
+                ),
+                // worker-b's call of another request, answered.
+                wire(
+                    300,
+                    "worker-b",
+                    trip(call("{\"input\": \"other\"}"), answer(), 200, 300),
+                ),
+                // After the kill at 500, worker-b calls for the request: a redelivery.
+                wire(
+                    1500,
+                    "worker-b",
+                    trip(call("{\"input\": \"hello 77\"}"), answer(), 1000, 1500),
+                ),
+            ],
+            ..History::default()
+        };
+        assert!(framework(
+            &history,
+            FaultKind::KillPoolChild,
+            "worker-a",
+            500
+        ));
+        assert!(!framework(
+            &history,
+            FaultKind::KillPoolChild,
+            "worker-b",
+            500
+        ));
+        assert!(framework(
+            &history,
+            FaultKind::ForcedRestore,
+            "worker-a",
+            500
+        ));
+        // Before the call was sent, worker-a held nothing.
+        assert!(!framework(&history, FaultKind::KillMain, "worker-a", 50));
+    }
+}
