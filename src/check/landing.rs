@@ -159,14 +159,13 @@ fn names_request(trip: &RoundTrip, names: &[&str]) -> bool {
 /// When the first final write of any request came, in the history's milliseconds (None: none
 /// came, or the audit trail's clock is not placed).
 fn first_final(history: &History) -> Option<i64> {
-    let epoch = history.epoch_unix_ms?;
     history
         .audit
         .iter()
         .filter(|row| history.is_final(row))
-        .filter_map(|row| row.recorded_ms)
+        .filter_map(|row| history.written_at(row))
+        .map(|ms| ms as i64)
         .min()
-        .map(|ms| ms - epoch)
 }
 
 /// The round trips of the history that act on a request, with their worker and send and answer
@@ -208,6 +207,38 @@ fn taken_by_another(history: &History, worker: &str, at: i64) -> bool {
         .any(|(who, sent, _, _)| *who != worker && *sent >= at)
 }
 
+/// Whether a delivery of the request began after `at`: a line (the framework's own, such as
+/// Celery's `Task ...[id] received`, or the worker's) saying a job of the request was received,
+/// its job known by id from lines that name the request.
+fn received_after(history: &History, at: i64) -> bool {
+    let ids: Vec<&str> = history
+        .requests
+        .iter()
+        .flat_map(|r| [r.request_id.as_str(), r.idempotency_key.as_str()])
+        .collect();
+    let lines = || {
+        history.events.iter().filter_map(|event| match &event.kind {
+            EventKind::Worker(line) => Some((event.at_ms as i64, line)),
+            _ => None,
+        })
+    };
+    let jobs: std::collections::BTreeSet<&str> = lines()
+        .filter(|(_, line)| {
+            line.get("request_id").is_some_and(|r| ids.contains(&r))
+                || line
+                    .get("idempotency_key")
+                    .is_some_and(|k| ids.contains(&k))
+        })
+        .filter_map(|(_, line)| line.get("job_id"))
+        .collect();
+    lines().any(|(when, line)| {
+        when >= at
+            && line.status_word().is_some_and(|s| s.is_receive())
+            && (line.get("request_id").is_some_and(|r| ids.contains(&r))
+                || line.get("job_id").is_some_and(|j| jobs.contains(j)))
+    })
+}
+
 /// Whether the request was untouched at `at` (reserved, not started: no round trip acting on it
 /// in flight or done) and unfinished.
 fn reserved(history: &History, at: i64) -> bool {
@@ -221,11 +252,15 @@ pub(super) fn framework(history: &History, kind: FaultKind, worker: &str, at: i6
         FaultKind::KillPoolChild | FaultKind::KillMain | FaultKind::WarmShutdown => {
             held(history, worker, at)
         }
+        // Redelivered while the first attempt still held it (or, prefetched, had not begun it):
+        // another worker acted on the request, or a delivery of it began again.
         FaultKind::VisibilityOutlived | FaultKind::ForcedRestore | FaultKind::HeartbeatMiss => {
-            held(history, worker, at) && taken_by_another(history, worker, at)
+            held(history, worker, at)
+                && (taken_by_another(history, worker, at) || received_after(history, at))
         }
         FaultKind::PrefetchRestore => {
-            reserved(history, at) && taken_by_another(history, worker, at)
+            reserved(history, at)
+                && (taken_by_another(history, worker, at) || received_after(history, at))
         }
         _ => false,
     }

@@ -255,26 +255,70 @@ fn generations_increase(history: &History) -> Vec<Violation> {
     violations
 }
 
+/// A final write comes from the owner of the job. Ownership is judged from what the writer
+/// really held, where the wire shows it: the writer is the worker whose connection carried the
+/// write (the audit row's server process against the connections' startups), and the owner at
+/// that moment is whoever took the job's lease last (its `SET` answered OK): a writer whose lease
+/// was taken over, or who never took it, is not the owner, whatever token columns it set or left
+/// alone. Without that evidence, and beside it, the token columns judge: a final write over a
+/// job that was not IN_PROGRESS, or under another token than the row's.
 fn no_non_owner_final_write(history: &History) -> Vec<Violation> {
-    history
-        .audit
-        .iter()
-        .filter(|r| history.is_final(r))
-        .filter(|r| {
-            r.old_status.as_deref() != Some("IN_PROGRESS") || r.old_lease_token != r.new_lease_token
-        })
-        .map(|r| Violation {
-            invariant: Invariant::NoNonOwnerFinalWrite,
-            observed: format!(
-                "key {}: final write over status {} with token {} (owner's token {})",
-                r.idempotency_key,
-                r.old_status.as_deref().unwrap_or("-"),
-                r.new_lease_token.as_deref().unwrap_or("-"),
-                r.old_lease_token.as_deref().unwrap_or("-"),
-            ),
-            evidence: vec![r.describe()],
-        })
-        .collect()
+    let takers = if history.wire_recorded {
+        wire::lease_takers(history, &history.layout.matcher())
+    } else {
+        HashMap::new()
+    };
+    let mut violations = Vec::new();
+    for r in history.audit.iter().filter(|r| history.is_final(r)) {
+        if let (Some(writer), Some(at), Some(taken)) = (
+            r.writer.as_deref(),
+            history.written_at(r),
+            takers.get(&r.idempotency_key),
+        ) {
+            let owner = taken.iter().rev().find(|(t, _, _)| *t <= at);
+            let wrong = match owner {
+                Some((_, owner, _)) => owner != writer,
+                None => true,
+            };
+            if wrong {
+                let mut evidence = vec![r.describe()];
+                let observed = match owner {
+                    Some((_, owner, proof)) => {
+                        evidence.push(proof.clone());
+                        format!(
+                            "key {}: final write by {writer}, whose lease {owner} had taken since (the writer's connection carried it)",
+                            r.idempotency_key
+                        )
+                    }
+                    None => format!(
+                        "key {}: final write by {writer} before anyone held the job's lease",
+                        r.idempotency_key
+                    ),
+                };
+                violations.push(Violation {
+                    invariant: Invariant::NoNonOwnerFinalWrite,
+                    observed,
+                    evidence,
+                });
+                continue;
+            }
+        }
+        if r.old_status.as_deref() != Some("IN_PROGRESS") || r.old_lease_token != r.new_lease_token
+        {
+            violations.push(Violation {
+                invariant: Invariant::NoNonOwnerFinalWrite,
+                observed: format!(
+                    "key {}: final write over status {} with token {} (owner's token {})",
+                    r.idempotency_key,
+                    r.old_status.as_deref().unwrap_or("-"),
+                    r.new_lease_token.as_deref().unwrap_or("-"),
+                    r.old_lease_token.as_deref().unwrap_or("-"),
+                ),
+                evidence: vec![r.describe()],
+            });
+        }
+    }
+    violations
 }
 
 fn result_names_its_version(history: &History) -> Vec<Violation> {
@@ -496,7 +540,7 @@ mod tests {
             output: output.map(Into::into),
             txid: None,
             backend_pid: None,
-            recorded_ms: None,
+            recorded_us: None,
             writer: None,
         }
     }

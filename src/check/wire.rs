@@ -111,6 +111,41 @@ impl WorkerVersions {
     }
 }
 
+/// Who took each job's lease and when (the events' milliseconds, when its `SET` was answered),
+/// per idempotency key, in order, with the round trip as proof: the job's owner at any moment is
+/// the last one before it.
+pub(super) fn lease_takers(
+    history: &History,
+    keys: &KeyMatcher,
+) -> HashMap<String, Vec<(f64, String, String)>> {
+    let namespace = history.namespace.as_deref();
+    let mut takers: HashMap<String, Vec<(f64, String, String)>> = HashMap::new();
+    for event in &history.events {
+        let EventKind::Wire(wire) = &event.kind else {
+            continue;
+        };
+        let Some((command, reply)) = redis(&wire.trip) else {
+            continue;
+        };
+        if command.name != "SET" || command.queued || !ok(reply) {
+            continue;
+        }
+        let Some(job) = command.keys.first().and_then(|k| keys.lease_of(k)) else {
+            continue;
+        };
+        let at = match (history.wire_origin_ms, wire.trip.answered_us) {
+            (Some(origin), Some(us)) => origin as f64 + us as f64 / 1000.0,
+            _ => event.at_ms as f64,
+        };
+        takers.entry(job).or_default().push((
+            at,
+            wire.worker.clone(),
+            proof(event, wire, namespace),
+        ));
+    }
+    takers
+}
+
 /// Lease discipline: a lease is taken only when free (or by its holder), and renewed or released
 /// only by the holder whose token it stores.
 pub(super) fn lease_discipline(history: &History, keys: &KeyMatcher) -> Vec<Violation> {

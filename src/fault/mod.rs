@@ -263,7 +263,7 @@ impl FaultKind {
                 "another worker took the job of a worker that stopped heartbeating mid-job"
             }
             FaultKind::PrefetchRestore => {
-                "a delivery reserved behind a slow task was restored to another worker"
+                "a delivery reserved behind a slow task was restored and delivered again"
             }
         }
     }

@@ -56,9 +56,10 @@ pub struct AuditRow {
     /// it to a worker through the connections' recorded startups).
     #[serde(default)]
     pub backend_pid: Option<i32>,
-    /// When it was written, Unix milliseconds (the database's clock).
+    /// When it was written, Unix microseconds (the database's clock: the host's, for a
+    /// database in a container on it).
     #[serde(default)]
-    pub recorded_ms: Option<i64>,
+    pub recorded_us: Option<i64>,
     /// The worker whose connection carried the write, from the wire (None: no wire, or a
     /// connection the wire did not see: the harness's, a submitter's).
     #[serde(default)]
@@ -239,6 +240,8 @@ impl Event {
 #[derive(Debug)]
 pub struct Recorder {
     started: Instant,
+    /// `started` in Unix milliseconds (what the audit trail's times are compared with).
+    started_unix_ms: i64,
     inner: Mutex<RecorderState>,
 }
 
@@ -253,6 +256,9 @@ impl Recorder {
     pub fn new() -> Arc<Recorder> {
         Arc::new(Recorder {
             started: Instant::now(),
+            started_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64),
             inner: Mutex::new(RecorderState::default()),
         })
     }
@@ -305,6 +311,11 @@ impl Recorder {
     /// When it started: its events' milliseconds count from here.
     pub fn started(&self) -> Instant {
         self.started
+    }
+
+    /// When it started, in Unix milliseconds.
+    pub fn started_unix_ms(&self) -> i64 {
+        self.started_unix_ms
     }
 
     /// Milliseconds from this recorder's start to `origin` (negative: before it): what turns a
@@ -417,7 +428,7 @@ pub async fn read_rows(pg: &PgPool, prefix: &str) -> Result<(Vec<AuditRow>, Vec<
                        old_generation, new_generation, old_model_version, new_model_version,
                        old_lease_token, new_lease_token, worker_id, attempt, output, txid,
                        backend_pid,
-                       (extract(epoch FROM recorded_at) * 1000)::bigint AS recorded_ms
+                       (extract(epoch FROM recorded_at) * 1000000)::bigint AS recorded_us
                 FROM inference_jobs_audit WHERE idempotency_key LIKE $1) a)",
     )
     .bind(format!("{}%", like_escape(prefix)))
@@ -463,6 +474,13 @@ const TIMELINE_FIELDS: [&str; 8] = [
 ];
 
 impl History {
+    /// When an audited write happened, in the events' milliseconds (fractions kept: the audit
+    /// trail's clock is in microseconds), when the trail's clock is placed.
+    pub fn written_at(&self, row: &AuditRow) -> Option<f64> {
+        let epoch = self.epoch_unix_ms?;
+        Some(row.recorded_us? as f64 / 1000.0 - epoch as f64)
+    }
+
     /// Whether `status` ends a job: one of [`History::terminal`], or the contract's terminal
     /// statuses.
     pub fn is_terminal(&self, status: &str) -> bool {

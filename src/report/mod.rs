@@ -740,6 +740,10 @@ impl Report {
                 "1;33",
             ),
             (None, Verdict::Passed) => paint("certification PASSED", "1;32"),
+            (None, Verdict::Inconclusive) if self.suites.is_empty() => paint(
+                "certification INCONCLUSIVE: nothing was certified (no suite ran)",
+                "1;33",
+            ),
             (None, Verdict::Inconclusive) => {
                 let short: Vec<String> = self
                     .suites

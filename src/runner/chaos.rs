@@ -395,6 +395,7 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
         plane.connections(),
     )
     .await?;
+    history.epoch_unix_ms = Some(recorder.started_unix_ms());
     history.wire_origin_ms = Some(recorder.offset_of(bed.wire_origin()));
     history.lease_ttl_ms = Some(settings.lease_ttl.as_millis() as u64);
     history.wire_recorded = wire_recorded;

@@ -702,6 +702,7 @@ impl<'c, 'a> CaseRun<'c, 'a> {
             connections,
         )
         .await?;
+        history.epoch_unix_ms = Some(self.recorder.started_unix_ms());
         history.wire_origin_ms = Some(self.recorder.offset_of(self.controller.bed.wire_origin()));
         history.wire_recorded = self.wire_recorded;
         // The history is read: the case's Redis keys go, so the keyspace holds the cases in

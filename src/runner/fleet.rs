@@ -760,6 +760,7 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
         plane.connections(),
     )
     .await?;
+    history.epoch_unix_ms = Some(recorder.started_unix_ms());
     history.wire_origin_ms = Some(recorder.offset_of(bed.wire_origin()));
     // The log-based checks take one TTL: the shortest, so no lease is taken as held longer
     // than it could have been (the wire checks read each lease's own PX).

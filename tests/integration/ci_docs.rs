@@ -99,8 +99,9 @@ fn sh(dir: &Path, line: &str, env: &BTreeMap<&str, String>) -> anyhow::Result<(i
     Ok((output.status.code().unwrap_or(-1), text))
 }
 
-/// Runs the shard commands at once, as the runners would; each must produce its reports (exit 0
-/// or 1: a verdict, not an error).
+/// Runs the shard commands at once, as the runners would; each must produce its reports (exit 0,
+/// 1 or 4: a verdict, not an error; with a couple of cases a suite's faults rarely all land, and
+/// the verdict says INCONCLUSIVE).
 fn run_shards(dir: &Path, commands: Vec<String>) -> anyhow::Result<()> {
     let runs: Vec<_> = commands
         .into_iter()
@@ -116,7 +117,7 @@ fn run_shards(dir: &Path, commands: Vec<String>) -> anyhow::Result<()> {
         let (line, (code, text)) = run
             .join()
             .map_err(|_| anyhow::anyhow!("a shard thread panicked"))??;
-        anyhow::ensure!(code == 0 || code == 1, "`{line}` exited {code}:\n{text}");
+        anyhow::ensure!(matches!(code, 0 | 1 | 4), "`{line}` exited {code}:\n{text}");
     }
     Ok(())
 }
@@ -227,7 +228,10 @@ async fn the_github_actions_matrix_in_docs_ci_runs_and_merges(bed: &TestBed) -> 
             .find(|r| r.contains("report merge"))
             .ok_or_else(|| anyhow::anyhow!("no report merge step"))?;
         let (code, text) = sh(&dir, merge.trim(), &BTreeMap::new())?;
-        anyhow::ensure!(code == 0 || code == 1, "`{merge}` exited {code}:\n{text}");
+        anyhow::ensure!(
+            matches!(code, 0 | 1 | 4),
+            "`{merge}` exited {code}:\n{text}"
+        );
         let junit_step = report_steps
             .iter()
             .find_map(|s| s["with"]["report_paths"].as_str())
@@ -309,7 +313,10 @@ async fn the_gitlab_parallel_job_in_docs_ci_runs_and_merges(bed: &TestBed) -> an
             .find(|l| l.contains("report merge"))
             .ok_or_else(|| anyhow::anyhow!("no report merge line"))?;
         let (code, text) = sh(&dir, merge, &BTreeMap::new())?;
-        anyhow::ensure!(code == 0 || code == 1, "`{merge}` exited {code}:\n{text}");
+        anyhow::ensure!(
+            matches!(code, 0 | 1 | 4),
+            "`{merge}` exited {code}:\n{text}"
+        );
         let junit = str_of(&report["artifacts"]["reports"]["junit"], "junit report")?;
         anyhow::ensure!(
             dir.join(junit).is_file(),

@@ -43,7 +43,7 @@ pub(super) fn judged(system: &System) -> (Vec<Invariant>, Vec<Invariant>) {
 async fn audit_rows(ctx: &mut CaseCtx<'_, '_>, request: &str) -> Result<Vec<AuditRow>> {
     let rows = sqlx::query(
         "SELECT id, op, old_status, new_status, output, model_version, txid, backend_pid, \
-         (extract(epoch FROM at) * 1000)::bigint AS at_ms FROM racecert_audit \
+         (extract(epoch FROM at) * 1000000)::bigint AS at_us FROM racecert_audit \
          WHERE request_key = $1 ORDER BY id",
     )
     .bind(request)
@@ -71,7 +71,7 @@ async fn audit_rows(ctx: &mut CaseCtx<'_, '_>, request: &str) -> Result<Vec<Audi
             output: row.get("output"),
             txid: row.get("txid"),
             backend_pid: row.get("backend_pid"),
-            recorded_ms: row.get("at_ms"),
+            recorded_us: row.get("at_us"),
             writer: None,
         })
         .collect())
@@ -198,7 +198,7 @@ pub(super) async fn judge(
     for write in &case.history.audit {
         let terminal = case.history.is_final(write);
         ctx.arrows.push(Arrow {
-            at_ms: write.recorded_ms.unwrap_or(ctx.t0) - ctx.t0,
+            at_ms: write.recorded_us.map_or(ctx.t0, |us| us / 1000) - ctx.t0,
             from: write.writer.clone().unwrap_or_else(|| "db".into()),
             to: "db".into(),
             label: format!(

@@ -519,6 +519,7 @@ impl<'b> Case<'b> {
             self.plane.connections(),
         )
         .await?;
+        history.epoch_unix_ms = Some(self.recorder.started_unix_ms());
         history.wire_origin_ms = Some(self.recorder.offset_of(bed.wire_origin()));
         history
             .audit
