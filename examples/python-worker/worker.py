@@ -47,11 +47,20 @@ return 0
 
 TAKE_SQL = """
 UPDATE inference_jobs
-SET status = 'IN_PROGRESS', lease_token = %(token)s, generation = generation + 1,
+SET status = 'IN_PROGRESS', lease_token = %(token)s, generation = %(epoch)s,
     attempt = %(attempt)s, worker_id = %(worker_id)s, model_version = %(version)s,
     updated_at = clock_timestamp()
 WHERE idempotency_key = %(key)s AND status IN ('PENDING', 'IN_PROGRESS')
+  AND generation < %(epoch)s
 RETURNING generation
+"""
+
+# The lease's epoch, drawn while holding the lease (and the lease confirmed after): holders of one
+# lease draw in the order they held it, so the take admits only the newest holder.
+DRAW_EPOCH_SQL = """
+INSERT INTO inference_lease_epochs (idempotency_key, epoch) VALUES (%(key)s, 1)
+ON CONFLICT (idempotency_key) DO UPDATE SET epoch = inference_lease_epochs.epoch + 1
+RETURNING epoch
 """
 
 FENCED_WRITE_SQL = """
@@ -81,6 +90,17 @@ STATUS_FENCED_WRITE_SQL = """
 UPDATE inference_jobs
 SET status = 'SUCCEEDED', output = %(output)s, model_version = %(version)s,
     generation = %(next_generation)s, lease_token = %(token)s,
+    updated_at = clock_timestamp(), completed_at = clock_timestamp()
+WHERE idempotency_key = %(key)s AND status = 'IN_PROGRESS'
+"""
+
+# --late-write-without-token: the final write by key and status alone, the token columns left
+# alone (the lease was checked just before, with a GET): a late writer lands on the row of the
+# attempt that took the job over, and its token columns still name that attempt.
+TOKENLESS_WRITE_SQL = """
+UPDATE inference_jobs
+SET status = 'SUCCEEDED', output = %(output)s, model_version = %(version)s,
+    generation = generation + 1,
     updated_at = clock_timestamp(), completed_at = clock_timestamp()
 WHERE idempotency_key = %(key)s AND status = 'IN_PROGRESS'
 """
@@ -246,6 +266,9 @@ class Bugs:
     renew_without_check: bool = False  # extend the lease before the write with SET XX, no token check
     fence_on_status: bool = False  # final write fenced by status, not by the lease token
     long_lease: bool = False  # leases of 20 minutes, whatever the environment says (a unit slip)
+    late_write_without_token: bool = False  # lease checked by GET, then a write without the token
+    lease_ttl_in_seconds: bool = False  # the TTL in milliseconds passed as seconds (EX)
+    no_ack_when_completed: bool = False  # a delivery of a completed job is never acknowledged
 
 
 class Worker:
@@ -394,20 +417,35 @@ class Worker:
             self.lease_seq += 1
             nx = not self.bugs.lease_without_nx
             ttl_ms = 20 * 60 * 1000 if self.bugs.long_lease else c.lease_ttl_ms
-            if not self.redis.set(lease_key, candidate, nx=nx, px=ttl_ms):
+            if self.bugs.lease_ttl_in_seconds:
+                taken = self.redis.set(lease_key, candidate, nx=nx, ex=ttl_ms)
+            else:
+                taken = self.redis.set(lease_key, candidate, nx=nx, px=ttl_ms)
+            if not taken:
                 self.log("INFO", a, "duplicate_skipped")
                 return
             token = candidate
             self.log("INFO", a, "lease_acquired", lease_token=token)
+            epoch = int(self.db().execute(DRAW_EPOCH_SQL, {"key": key}).fetchone()[0])
+            if self.redis.get(lease_key) != token:
+                self.log("INFO", a, "duplicate_skipped", reason="lease lost before the take")
+                token = None
+                return
 
-            # Take the job: IN_PROGRESS, our token, a strictly larger generation.
+            # Take the job: IN_PROGRESS, our token, our epoch as its (strictly larger) generation.
             row = self.db().execute(TAKE_SQL, {
                 "key": key, "token": token, "attempt": d.receive_count,
-                "worker_id": c.worker_id, "version": c.model_version,
+                "worker_id": c.worker_id, "version": c.model_version, "epoch": epoch,
             }).fetchone()
+            if row is None and not self.job_is_terminal(key):
+                # A newer holder took the job: its delivery is not ours to acknowledge.
+                self.log("INFO", a, "duplicate_skipped", reason="a newer lease took the job")
+                self.release(lease_key, token, a)
+                return
             if row is None:
                 self.log("INFO", a, "already_completed")
-                self.ack(d, a)
+                if not self.bugs.no_ack_when_completed:
+                    self.ack(d, a)
                 self.release(lease_key, token, a)
                 return
             generation = int(row[0])
@@ -515,7 +553,16 @@ class Worker:
                      output: str, from_cache: bool) -> bool:
         if self.bugs.read_then_write:
             return self.checked_write(a, key, token, next_generation, output, from_cache)
-        sql = STATUS_FENCED_WRITE_SQL if self.bugs.fence_on_status else FENCED_WRITE_SQL
+        if self.bugs.late_write_without_token:
+            if self.redis.get(self.config.lease_key(key)) != token:
+                self.log("WARN", a, "late_write_rejected")
+                self.log("INFO", a, "discarded_late_result")
+                return False
+            sql = TOKENLESS_WRITE_SQL
+        elif self.bugs.fence_on_status:
+            sql = STATUS_FENCED_WRITE_SQL
+        else:
+            sql = FENCED_WRITE_SQL
         written = self.db().execute(sql, {
             "key": key, "token": token, "next_generation": next_generation,
             "output": output, "version": self.config.model_version,
@@ -628,6 +675,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--long-lease", action="store_true",
                         help="take 20-minute leases whatever RACECERT_LEASE_TTL_MS says "
                              "(a lease no pause can outlast)")
+    parser.add_argument("--late-write-without-token", action="store_true",
+                        help="check the lease with a GET, then write by key and status alone, "
+                             "leaving the token columns (for demonstration)")
+    parser.add_argument("--lease-ttl-in-seconds", action="store_true",
+                        help="pass the lease TTL in milliseconds as seconds: EX (for demonstration)")
+    parser.add_argument("--no-ack-when-completed", action="store_true",
+                        help="never acknowledge a delivery of a job already completed "
+                             "(for demonstration)")
     parser.add_argument("--fence-on-status", action="store_true",
                         help="fence the final write on the status, not the lease token "
                              "(a race of three ordered steps)")
@@ -647,6 +702,9 @@ def main(argv: list[str]) -> int:
         renew_without_check=args.renew_without_check,
         fence_on_status=args.fence_on_status,
         long_lease=args.long_lease,
+        late_write_without_token=args.late_write_without_token,
+        lease_ttl_in_seconds=args.lease_ttl_in_seconds,
+        no_ack_when_completed=args.no_ack_when_completed,
     ))
 
     def drain(signum: int, _frame: object) -> None:

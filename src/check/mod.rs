@@ -10,7 +10,7 @@ mod wire;
 use crate::contract::log::Status;
 use crate::contract::output_version;
 use crate::fault::Effect;
-use crate::history::{AuditRow, EventKind, History};
+use crate::history::{AuditRow, EventKind, History, Observation};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::str::FromStr;
@@ -39,11 +39,14 @@ pub enum Invariant {
     LeaseDiscipline,
     /// No cache entry in one version's namespace holds another version's output (on the wire).
     NoCrossVersionCacheEntry,
+    /// Every delivery is acknowledged once its job is done: none is left pending after the
+    /// drain.
+    NoStuckDelivery,
 }
 
 impl Invariant {
     /// Every invariant.
-    pub const ALL: [Invariant; 9] = [
+    pub const ALL: [Invariant; 10] = [
         Invariant::AtMostOneFinalWrite,
         Invariant::GenerationsIncrease,
         Invariant::NoNonOwnerFinalWrite,
@@ -53,6 +56,7 @@ impl Invariant {
         Invariant::ComputeWasteBounded,
         Invariant::LeaseDiscipline,
         Invariant::NoCrossVersionCacheEntry,
+        Invariant::NoStuckDelivery,
     ];
 
     /// Whether it is judged from recorded round trips only (nothing to judge without them).
@@ -75,6 +79,7 @@ impl Invariant {
             Invariant::ComputeWasteBounded => "compute-waste-bounded",
             Invariant::LeaseDiscipline => "lease-discipline",
             Invariant::NoCrossVersionCacheEntry => "no-cross-version-cache-entry",
+            Invariant::NoStuckDelivery => "no-stuck-delivery",
         }
     }
 
@@ -101,6 +106,9 @@ impl Invariant {
             }
             Invariant::NoCrossVersionCacheEntry => {
                 "no entry in one model version's cache namespace holds an output of another version"
+            }
+            Invariant::NoStuckDelivery => {
+                "every delivery is acknowledged once its job is done, none redelivered endlessly"
             }
         }
     }
@@ -194,6 +202,7 @@ pub fn check(history: &History, invariants: &[Invariant]) -> Vec<Violation> {
             Invariant::NoStaleCacheRead if wire => wire::no_stale_cache_read(history, &keys),
             Invariant::NoStaleCacheRead => no_stale_cache_read(history),
             Invariant::NoLostJob => no_lost_job(history),
+            Invariant::NoStuckDelivery => no_stuck_delivery(history),
             Invariant::ComputeWasteBounded if wire => wire::compute_waste_bounded(history, &keys),
             Invariant::ComputeWasteBounded => compute_waste_bounded(history),
             Invariant::LeaseDiscipline if wire => wire::lease_discipline(history, &keys),
@@ -257,11 +266,14 @@ fn generations_increase(history: &History) -> Vec<Violation> {
 
 /// A final write comes from the owner of the job. Ownership is judged from what the writer
 /// really held, where the wire shows it: the writer is the worker whose connection carried the
-/// write (the audit row's server process against the connections' startups), and the owner at
-/// that moment is whoever took the job's lease last (its `SET` answered OK): a writer whose lease
-/// was taken over, or who never took it, is not the owner, whatever token columns it set or left
-/// alone. Without that evidence, and beside it, the token columns judge: a final write over a
-/// job that was not IN_PROGRESS, or under another token than the row's.
+/// write (the audit row's server process against the connections' startups). It must have taken
+/// the job's lease (its `SET` answered OK) before writing, and nobody may have taken the job over
+/// since: another worker that took the lease after the writer's last `SET` and then wrote the
+/// job's row (took the job) before the final write. A lease taken over but not yet used does not
+/// make the old holder's write wrong: the result store had not heard of the new holder, and a
+/// fenced take refuses it afterwards. Without that evidence, and beside it, the token columns
+/// judge: a final write over a job that was not IN_PROGRESS, or under another token than the
+/// row's.
 fn no_non_owner_final_write(history: &History) -> Vec<Violation> {
     let takers = if history.wire_recorded {
         wire::lease_takers(history, &history.layout.matcher())
@@ -275,26 +287,43 @@ fn no_non_owner_final_write(history: &History) -> Vec<Violation> {
             history.written_at(r),
             takers.get(&r.idempotency_key),
         ) {
-            let owner = taken.iter().rev().find(|(t, _, _)| *t <= at);
-            let wrong = match owner {
-                Some((_, owner, _)) => owner != writer,
-                None => true,
-            };
-            if wrong {
-                let mut evidence = vec![r.describe()];
-                let observed = match owner {
-                    Some((_, owner, proof)) => {
-                        evidence.push(proof.clone());
-                        format!(
-                            "key {}: final write by {writer}, whose lease {owner} had taken since (the writer's connection carried it)",
-                            r.idempotency_key
-                        )
-                    }
-                    None => format!(
-                        "key {}: final write by {writer} before anyone held the job's lease",
+            let own = taken
+                .iter()
+                .rev()
+                .find(|(t, worker, _)| *t <= at && worker == writer);
+            let taken_over = own.and_then(|(since, _, _)| {
+                taken
+                    .iter()
+                    .filter(|(t, worker, _)| t > since && *t <= at && worker != writer)
+                    .find_map(|(t, worker, proof)| {
+                        history
+                            .audit
+                            .iter()
+                            .filter(|w| w.idempotency_key == r.idempotency_key)
+                            .filter(|w| w.audit_id < r.audit_id)
+                            .filter(|w| w.writer.as_deref() == Some(worker.as_str()))
+                            .find(|w| history.written_at(w).is_some_and(|wt| wt >= *t))
+                            .map(|w| (worker, proof, w))
+                    })
+            });
+            let observed = match (own, taken_over) {
+                (None, _) => Some((
+                    format!(
+                        "key {}: final write by {writer}, who never took the job's lease (the writer's connection carried it)",
                         r.idempotency_key
                     ),
-                };
+                    vec![r.describe()],
+                )),
+                (Some(_), Some((owner, proof, took))) => Some((
+                    format!(
+                        "key {}: final write by {writer}, whose lease {owner} had taken since and used to take the job (the writer's connection carried it)",
+                        r.idempotency_key
+                    ),
+                    vec![proof.clone(), took.describe(), r.describe()],
+                )),
+                (Some(_), None) => None,
+            };
+            if let Some((observed, evidence)) = observed {
                 violations.push(Violation {
                     invariant: Invariant::NoNonOwnerFinalWrite,
                     observed,
@@ -381,12 +410,59 @@ fn no_lost_job(history: &History) -> Vec<Violation> {
                     job.map_or("missing", |j| j.status.as_str())
                 ),
                 evidence: history
-                    .audit
+                    .events
                     .iter()
-                    .filter(|r| r.idempotency_key == request.idempotency_key)
-                    .map(AuditRow::describe)
+                    .filter_map(|e| match &e.kind {
+                        EventKind::Harness(Observation::LeaseOutlivesBound {
+                            key,
+                            ttl_ms,
+                            bound_ms,
+                        }) if *key == request.idempotency_key => Some(format!(
+                            "its lease was set to live {} more, past the liveness bound of {bound_ms} ms: nothing may take the job until then",
+                            if *ttl_ms < 0 {
+                                "forever".to_owned()
+                            } else {
+                                format!("{ttl_ms} ms")
+                            }
+                        )),
+                        _ => None,
+                    })
+                    .chain(
+                        history
+                            .audit
+                            .iter()
+                            .filter(|r| r.idempotency_key == request.idempotency_key)
+                            .map(AuditRow::describe),
+                    )
                     .collect(),
             })
+        })
+        .collect()
+}
+
+/// Deliveries a drain left pending: a delivery is acknowledged once its job is done (the queue
+/// would hand it out again forever), and a job whose delivery is still pending is not done.
+fn no_stuck_delivery(history: &History) -> Vec<Violation> {
+    history
+        .events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::Harness(Observation::Pending { key, deliveries }) => {
+                let status = history
+                    .jobs
+                    .iter()
+                    .find(|j| j.idempotency_key == *key)
+                    .map_or("missing", |j| j.status.as_str());
+                Some(Violation {
+                    invariant: Invariant::NoStuckDelivery,
+                    observed: format!(
+                        "the delivery of {} ({key}) is still unacknowledged after the drain, delivered {deliveries} time(s); its job is {status}",
+                        history.request_of(key).unwrap_or(key)
+                    ),
+                    evidence: vec![format!("step {} {:?}", event.step, event.kind)],
+                })
+            }
+            _ => None,
         })
         .collect()
 }
@@ -614,6 +690,115 @@ mod tests {
                 Invariant::NoNonOwnerFinalWrite
             ])
         );
+    }
+
+    /// `worker` takes the lease of key `k` at `at_ms` (its `SET NX PX` answered OK).
+    fn lease_taken(worker: &str, at_ms: u64) -> crate::history::Event {
+        use crate::wire::{RedisCommand, RedisReply, Reply, Request, RoundTrip, WireEvent};
+        let lease = "c:inference:lock:k";
+        crate::history::Event {
+            step: at_ms as usize,
+            at_ms,
+            kind: EventKind::Wire(Box::new(WireEvent {
+                worker: worker.into(),
+                service: "redis".into(),
+                trip: RoundTrip {
+                    link: "l".into(),
+                    conn: 1,
+                    seq: 0,
+                    sent_us: 0,
+                    forwarded_us: None,
+                    answered_us: None,
+                    request: Request::Redis(RedisCommand {
+                        name: "SET".into(),
+                        args: [lease, worker, "NX", "PX", "60000"]
+                            .map(String::from)
+                            .to_vec(),
+                        argc: 5,
+                        keys: vec![lease.into()],
+                        queued: false,
+                        truncated: false,
+                    }),
+                    reply: Some(Reply::Redis(RedisReply::Status("OK".into()))),
+                },
+            })),
+        }
+    }
+
+    /// A write of key `k` by `writer`'s connection at `at_ms`, token columns left as they were.
+    fn written(id: i64, old: &str, new: &str, writer: &str, at_ms: u64) -> AuditRow {
+        AuditRow {
+            recorded_us: Some(at_ms as i64 * 1000),
+            writer: Some(writer.into()),
+            ..row(
+                id,
+                "k",
+                Some(old),
+                new,
+                Some(id - 1),
+                id,
+                Some("t"),
+                Some("t"),
+                None,
+                None,
+            )
+        }
+    }
+
+    #[test]
+    fn ownership_passes_to_a_new_lease_holder_once_it_takes_the_job() {
+        let history = |events, audit| History {
+            events,
+            audit,
+            wire_recorded: true,
+            epoch_unix_ms: Some(0),
+            layout: crate::contract::layout::KeyLayout::contract("c:"),
+            ..History::default()
+        };
+        let non_owner = |h: &History| {
+            no_non_owner_final_write(h)
+                .into_iter()
+                .map(|v| v.observed)
+                .collect::<Vec<_>>()
+        };
+        // a leases and takes; c takes the lease over but a's write comes before c touches the
+        // job: the store had not heard of c, a was still the owner.
+        let before_use = history(
+            vec![lease_taken("a", 1), lease_taken("c", 3)],
+            vec![
+                written(1, "PENDING", "IN_PROGRESS", "a", 2),
+                written(2, "IN_PROGRESS", "SUCCEEDED", "a", 4),
+            ],
+        );
+        assert!(
+            non_owner(&before_use).is_empty(),
+            "{:?}",
+            non_owner(&before_use)
+        );
+        // c takes the job (its row write) before a's final write: a is no longer the owner,
+        // whatever token columns its write left alone.
+        let taken_over = history(
+            vec![lease_taken("a", 1), lease_taken("c", 3)],
+            vec![
+                written(1, "PENDING", "IN_PROGRESS", "a", 2),
+                written(2, "IN_PROGRESS", "IN_PROGRESS", "c", 4),
+                written(3, "IN_PROGRESS", "SUCCEEDED", "a", 5),
+            ],
+        );
+        let found = non_owner(&taken_over);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("c had taken since"), "{}", found[0]);
+        // A writer that never took the lease.
+        let never = history(
+            vec![lease_taken("a", 1)],
+            vec![
+                written(1, "PENDING", "IN_PROGRESS", "a", 2),
+                written(2, "IN_PROGRESS", "SUCCEEDED", "b", 3),
+            ],
+        );
+        let found = non_owner(&never);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("never took"), "{}", found[0]);
     }
 
     #[test]

@@ -305,9 +305,34 @@ impl Gate {
             .insert(worker.to_owned(), Arc::new(tokio::sync::Mutex::new(rx)));
     }
 
-    /// Lets `worker` run freely again (checkpoints it is parked at stay parked until answered).
+    /// Lets `worker` run freely again. A checkpoint it is parked at and that the harness has
+    /// taken stays parked until answered; an arrival nobody has taken yet (the worker reached a
+    /// checkpoint while the schedule was holding one of its round trips) goes on at once, and so
+    /// does one sent by a worker that looked the gate up just before this call.
     pub fn free(&self, worker: &str) {
         self.senders.lock().expect("poisoned").remove(worker);
+        let Some(receiver) = self.receivers.lock().expect("poisoned").remove(worker) else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let mut receiver = receiver.lock().await;
+                    // Ends when the last sender (the map's, gone now, or a worker's clone) drops.
+                    while let Some(arrival) = receiver.recv().await {
+                        arrival.proceed();
+                    }
+                });
+            }
+            // No runtime, so no worker can be on its way: what is queued is all there is.
+            Err(_) => {
+                if let Ok(mut receiver) = receiver.try_lock() {
+                    while let Ok(arrival) = receiver.try_recv() {
+                        arrival.proceed();
+                    }
+                }
+            }
+        }
     }
 
     /// Waits until `worker` parks at its next checkpoint.
@@ -399,5 +424,27 @@ mod tests {
                 (Checkpoint::AfterLease, Directive::Crash)
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn freeing_a_worker_lets_an_arrival_nobody_took_go_on() {
+        let gate = Gate::default();
+        gate.hold("w1");
+        let cps = gate.checkpoints();
+        let worker = tokio::spawn(async move {
+            [
+                cps.reached("w1", Checkpoint::AfterLease).await,
+                cps.reached("w1", Checkpoint::Done).await,
+            ]
+        });
+        // The worker parks with nobody taking its arrival, as when a schedule held one of its
+        // round trips and the worker reached a checkpoint after the schedule stopped looking.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        gate.free("w1");
+        let seen = tokio::time::timeout(Duration::from_secs(5), worker)
+            .await
+            .expect("a freed worker must not stay parked")
+            .unwrap();
+        assert_eq!(seen, [Directive::Continue, Directive::Continue]);
     }
 }

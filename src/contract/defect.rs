@@ -46,11 +46,27 @@ pub enum Defect {
     /// that produced it: after a cutover an old worker fills the new version's namespace with old
     /// outputs.
     CacheWriteActiveNamespace,
+    /// The final write checks the lease (a `GET` of it) and then updates the row by its key and
+    /// status alone: it never sets or compares the token columns, so after its lease expired and
+    /// another attempt took the job, the late write lands on the new holder's row (only the
+    /// writer's connection shows whose write it was).
+    LateWriteWithoutToken,
+    /// The lease TTL is given in the wrong unit (`EX` with a number of milliseconds): a lease
+    /// of a minute lasts 16 hours, and a crashed worker's job waits that long.
+    LeaseTtlInSeconds,
+    /// A delivery of a job already completed is not acknowledged (one path forgets the `XACK`):
+    /// it is redelivered forever.
+    NoAckWhenCompleted,
+    /// The final write is two statements: a `SELECT` of status and token ("still ours?"), then
+    /// an `UPDATE` keyed by the job alone. Both sit between the same two checkpoints; between the
+    /// statements, another attempt can take the job over and finish it, and the `UPDATE` then
+    /// writes over its result.
+    ReadThenWrite,
 }
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 10] = [
+    pub const ALL: [Defect; 14] = [
         Defect::UnversionedCacheKey,
         Defect::RetryWithoutDedupe,
         Defect::RandomIdPerRetry,
@@ -61,6 +77,10 @@ impl Defect {
         Defect::ReleaseWithoutTokenCheck,
         Defect::LeaseWithoutNx,
         Defect::CacheWriteActiveNamespace,
+        Defect::LateWriteWithoutToken,
+        Defect::LeaseTtlInSeconds,
+        Defect::NoAckWhenCompleted,
+        Defect::ReadThenWrite,
     ];
 
     /// The name used on the command line and in reports.
@@ -76,6 +96,10 @@ impl Defect {
             Defect::ReleaseWithoutTokenCheck => "release-without-token-check",
             Defect::LeaseWithoutNx => "lease-without-nx",
             Defect::CacheWriteActiveNamespace => "cache-write-active-namespace",
+            Defect::LateWriteWithoutToken => "late-write-without-token",
+            Defect::LeaseTtlInSeconds => "lease-ttl-in-seconds",
+            Defect::NoAckWhenCompleted => "no-ack-when-completed",
+            Defect::ReadThenWrite => "read-then-write",
         }
     }
 }

@@ -41,6 +41,16 @@ CREATE TABLE IF NOT EXISTS inference_jobs_audit (
     recorded_at       TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
 );
 
+-- Lease epochs: a per-job counter a worker draws from while it holds the job's lease, and
+-- confirms the lease still holds afterwards. Two holders of one lease draw in the order they
+-- held it, so the take (`generation < epoch`) admits only the newest holder, however long an
+-- older one paused between its lease and its take. Kept outside the jobs table so drawing leaves
+-- no audit row; in Postgres, not Redis, so a Redis restart cannot hand out an old epoch again.
+CREATE TABLE IF NOT EXISTS inference_lease_epochs (
+    idempotency_key TEXT   PRIMARY KEY,
+    epoch           BIGINT NOT NULL
+);
+
 -- A bed on external services applies this to a database whose tables other beds' workers may be
 -- writing. A worker's write locks the job row's table, then (through the trigger) the audit
 -- table; the statements below lock both too, in the other order (the index, then the trigger).

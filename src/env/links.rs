@@ -214,10 +214,11 @@ impl Holder for RouteHolder {
         &self,
         link: &str,
         conn: u64,
+        first: u64,
         requests: &[Request],
     ) -> Option<BoxFuture<'static, ()>> {
         let holder = self.route.holder.read().expect("poisoned").clone();
-        holder.and_then(|holder| holder.before(link, conn, requests))
+        holder.and_then(|holder| holder.before(link, conn, first, requests))
     }
 }
 

@@ -140,6 +140,30 @@ pub enum Observation {
         /// Whether every request ended terminal within the drain's bound.
         settled: bool,
     },
+    /// A job's lease was set to outlive the liveness bound (or never to expire): the drain lets
+    /// time pass up to the bound, not beyond, so the job waits behind it.
+    LeaseOutlivesBound {
+        /// The job's idempotency key.
+        key: String,
+        /// What the lease had left, ms (-1: no expiry).
+        ttl_ms: i64,
+        /// The liveness bound, ms.
+        bound_ms: u64,
+    },
+    /// A worker was held at its links before a request (a schedule's step between statements).
+    Held {
+        /// The worker.
+        worker: String,
+        /// The request it is held before (its fingerprint).
+        before: String,
+    },
+    /// After the drain, a delivery was still unacknowledged.
+    Pending {
+        /// The job's idempotency key.
+        key: String,
+        /// How many times it was delivered.
+        deliveries: u64,
+    },
 }
 
 impl Observation {
@@ -152,6 +176,9 @@ impl Observation {
             Observation::WorkerStarted { .. } => "worker_started",
             Observation::Draining => "draining",
             Observation::Drained { .. } => "drained",
+            Observation::LeaseOutlivesBound { .. } => "lease_outlives_bound",
+            Observation::Pending { .. } => "pending_delivery",
+            Observation::Held { .. } => "held",
         }
     }
 
@@ -179,6 +206,22 @@ impl Observation {
             }
             Observation::Draining => Vec::new(),
             Observation::Drained { settled } => vec![("settled", settled.to_string())],
+            Observation::LeaseOutlivesBound {
+                key,
+                ttl_ms,
+                bound_ms,
+            } => vec![
+                ("idempotency_key", key.clone()),
+                ("lease_ttl_ms", ttl_ms.to_string()),
+                ("bound_ms", bound_ms.to_string()),
+            ],
+            Observation::Pending { key, deliveries } => vec![
+                ("idempotency_key", key.clone()),
+                ("deliveries", deliveries.to_string()),
+            ],
+            Observation::Held { worker, before } => {
+                vec![("worker_id", worker.clone()), ("before", before.clone())]
+            }
         }
     }
 }

@@ -197,6 +197,34 @@ impl Queue {
             .and_then(|g| Some(g.pending as u64 + g.lag? as u64)))
     }
 
+    /// Every entry delivered and not acknowledged: its job's idempotency key and how many times
+    /// it has been delivered (one `XPENDING` and one `XRANGE` round trip).
+    pub async fn pending(&mut self) -> Result<Vec<(String, u64)>> {
+        let pending: StreamPendingCountReply = match self
+            .redis
+            .xpending_count(&self.stream, CONSUMER_GROUP, "-", "+", 1000)
+            .await
+        {
+            Ok(pending) => pending,
+            // No stream or group (a Redis restart took them): nothing is pending.
+            Err(err) if err.code().is_some() => return Ok(Vec::new()),
+            Err(err) => return Err(err.into()),
+        };
+        if pending.ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let entries: redis::streams::StreamRangeReply = self.redis.xrange_all(&self.stream).await?;
+        Ok(pending
+            .ids
+            .iter()
+            .filter_map(|p| {
+                let entry = entries.ids.iter().find(|e| e.id == p.id)?;
+                let key = entry.get::<String>("idempotency_key")?;
+                Some((key, p.times_delivered as u64))
+            })
+            .collect())
+    }
+
     /// Entries delivered but not acknowledged.
     pub async fn pending_count(&mut self) -> Result<u64> {
         let reply: redis::Value = redis::cmd("XPENDING")

@@ -536,8 +536,14 @@ impl Worker {
         if !self.config.defects.has(Defect::LeaseWithoutNx) {
             take.arg("NX");
         }
+        // The defect passes the milliseconds where seconds go.
+        let unit = if self.config.defects.has(Defect::LeaseTtlInSeconds) {
+            "EX"
+        } else {
+            "PX"
+        };
         let acquired: Option<String> = take
-            .arg("PX")
+            .arg(unit)
             .arg(self.config.lease_ttl.as_millis() as u64)
             .query_async(&mut redis)
             .await?;
@@ -552,14 +558,41 @@ impl Worker {
             self.log(Level::Info, &attempt, Status::DuplicateSkipped, &[]);
             return Ok(Outcome::DuplicateSkipped);
         }
+
+        // The lease's epoch, drawn while holding it and confirmed after: holders of one lease
+        // draw in the order they held it (an older holder's draw happened before its lease ran
+        // out, a newer one's after it took the lease), so the take below admits only the newest,
+        // however long an older one paused between its lease and its take.
+        let epoch: i64 = sqlx::query_scalar(
+            "INSERT INTO inference_lease_epochs (idempotency_key, epoch) VALUES ($1, 1)
+             ON CONFLICT (idempotency_key)
+             DO UPDATE SET epoch = inference_lease_epochs.epoch + 1
+             RETURNING epoch",
+        )
+        .bind(&attempt.key)
+        .fetch_one(&self.infra.pg)
+        .await?;
+        if acquired.is_some() {
+            let holder: Option<String> = redis.get(&lease_key).await?;
+            if holder.as_deref() != Some(token.as_str()) {
+                self.log(
+                    Level::Info,
+                    &attempt,
+                    Status::DuplicateSkipped,
+                    &[("reason", "lease lost before the take".to_owned())],
+                );
+                return Ok(Outcome::DuplicateSkipped);
+            }
+        }
         self.checkpoint(Checkpoint::AfterLease).await?;
 
-        // Take the job: IN_PROGRESS, our token, a strictly larger generation.
+        // Take the job: IN_PROGRESS, our token, our epoch as its generation (strictly larger).
         let generation: Option<i64> = sqlx::query_scalar(
             "UPDATE inference_jobs
-             SET status = 'IN_PROGRESS', lease_token = $2, generation = generation + 1,
+             SET status = 'IN_PROGRESS', lease_token = $2, generation = $6,
                  attempt = $3, worker_id = $4, model_version = $5, updated_at = clock_timestamp()
              WHERE idempotency_key = $1 AND status IN ('PENDING', 'IN_PROGRESS')
+               AND generation < $6
              RETURNING generation",
         )
         .bind(&attempt.key)
@@ -567,11 +600,26 @@ impl Worker {
         .bind(attempt.attempt as i32)
         .bind(&self.config.worker_id)
         .bind(&version)
+        .bind(epoch)
         .fetch_optional(&self.infra.pg)
         .await?;
         let Some(generation) = generation else {
+            if !self.job_is_terminal(&attempt.key).await? {
+                // A newer holder took the job: its delivery is not ours to acknowledge.
+                self.log(
+                    Level::Info,
+                    &attempt,
+                    Status::DuplicateSkipped,
+                    &[("reason", "a newer lease took the job".to_owned())],
+                );
+                self.release(&mut redis, &lease_key, &token, &attempt)
+                    .await?;
+                return Ok(Outcome::DuplicateSkipped);
+            }
             self.log(Level::Info, &attempt, Status::AlreadyCompleted, &[]);
-            self.ack(&mut queue, delivery, &attempt).await?;
+            if !self.config.defects.has(Defect::NoAckWhenCompleted) {
+                self.ack(&mut queue, delivery, &attempt).await?;
+            }
             self.release(&mut redis, &lease_key, &token, &attempt)
                 .await?;
             return Ok(Outcome::AlreadyCompleted);
@@ -650,9 +698,32 @@ impl Worker {
         };
 
         // Final write.
+        if self.config.defects.has(Defect::LateWriteWithoutToken) {
+            // "Still ours?" asked of the lease, right before the write: true now, stale later.
+            let holder: Option<String> = redis.get(&lease_key).await?;
+            if holder.as_deref() != Some(token.as_str()) {
+                self.log(Level::Warn, &attempt, Status::LateWriteRejected, &[]);
+                self.release(&mut redis, &lease_key, &token, &attempt)
+                    .await?;
+                return Ok(Outcome::LateWriteRejected);
+            }
+        }
         self.checkpoint(Checkpoint::BeforeFinalWrite).await?;
         let record_version = self.step_version().await?;
-        let outcome = if self.config.defects.has(Defect::UnfencedFinalWrite) {
+        let outcome = if self.config.defects.has(Defect::ReadThenWrite) {
+            self.read_then_write(
+                &attempt,
+                &token,
+                generation,
+                &record_version,
+                &output,
+                from_cache,
+            )
+            .await?
+        } else if self.config.defects.has(Defect::LateWriteWithoutToken) {
+            self.tokenless_write(&attempt, &record_version, &output, from_cache)
+                .await?
+        } else if self.config.defects.has(Defect::UnfencedFinalWrite) {
             self.unfenced_write(
                 &attempt,
                 &token,
@@ -806,6 +877,105 @@ impl Worker {
             self.log(Level::Warn, attempt, Status::LateWriteRejected, &[]);
             self.log(Level::Info, attempt, Status::DiscardedLateResult, &[]);
             Ok(Outcome::LateWriteRejected)
+        }
+    }
+
+    /// The defect: "still ours?" asked in one statement, the write made in the next, keyed by
+    /// the job alone.
+    async fn read_then_write(
+        &self,
+        attempt: &Attempt,
+        token: &str,
+        generation: i64,
+        version: &str,
+        output: &str,
+        from_cache: bool,
+    ) -> Result<Outcome> {
+        let row: Option<(String, Option<String>)> = sqlx::query_as(
+            "SELECT status, lease_token FROM inference_jobs WHERE idempotency_key = $1",
+        )
+        .bind(&attempt.key)
+        .fetch_optional(&self.infra.pg)
+        .await?;
+        let ours = row.is_some_and(|(status, holder)| {
+            status == "IN_PROGRESS" && holder.as_deref() == Some(token)
+        });
+        if !ours {
+            self.log(Level::Warn, attempt, Status::LateWriteRejected, &[]);
+            self.log(Level::Info, attempt, Status::DiscardedLateResult, &[]);
+            return Ok(Outcome::LateWriteRejected);
+        }
+        sqlx::query(
+            "UPDATE inference_jobs
+             SET status = 'SUCCEEDED', output = $2, model_version = $3, generation = $4,
+                 updated_at = clock_timestamp(), completed_at = clock_timestamp()
+             WHERE idempotency_key = $1",
+        )
+        .bind(&attempt.key)
+        .bind(output)
+        .bind(version)
+        .bind(generation + 1)
+        .execute(&self.infra.pg)
+        .await?;
+        self.log(
+            Level::Info,
+            attempt,
+            Status::InferenceSucceeded,
+            &[
+                ("write", "result_store".to_owned()),
+                ("generation", (generation + 1).to_string()),
+                ("from_cache", from_cache.to_string()),
+            ],
+        );
+        Ok(Outcome::Succeeded {
+            generation: generation + 1,
+            from_cache,
+        })
+    }
+
+    /// The final write of [`Defect::LateWriteWithoutToken`]: by key and status, the token columns
+    /// left alone.
+    async fn tokenless_write(
+        &self,
+        attempt: &Attempt,
+        version: &str,
+        output: &str,
+        from_cache: bool,
+    ) -> Result<Outcome> {
+        let generation: Option<i64> = sqlx::query_scalar(
+            "UPDATE inference_jobs
+             SET status = 'SUCCEEDED', output = $2, model_version = $3,
+                 generation = generation + 1, updated_at = clock_timestamp(),
+                 completed_at = clock_timestamp()
+             WHERE idempotency_key = $1 AND status = 'IN_PROGRESS'
+             RETURNING generation",
+        )
+        .bind(&attempt.key)
+        .bind(output)
+        .bind(version)
+        .fetch_optional(&self.infra.pg)
+        .await?;
+        match generation {
+            Some(generation) => {
+                self.log(
+                    Level::Info,
+                    attempt,
+                    Status::InferenceSucceeded,
+                    &[
+                        ("write", "result_store".to_owned()),
+                        ("generation", generation.to_string()),
+                        ("from_cache", from_cache.to_string()),
+                    ],
+                );
+                Ok(Outcome::Succeeded {
+                    generation,
+                    from_cache,
+                })
+            }
+            None => {
+                self.log(Level::Warn, attempt, Status::LateWriteRejected, &[]);
+                Ok(Outcome::LateWriteRejected)
+            }
         }
     }
 

@@ -75,6 +75,18 @@ pub fn protection(defect: Defect) -> &'static str {
         Defect::CacheWriteActiveNamespace => {
             "an output is cached in the namespace of the version that produced it"
         }
+        Defect::LateWriteWithoutToken => {
+            "the final write compares the lease token in the same statement, so a writer whose lease was taken over is rejected"
+        }
+        Defect::LeaseTtlInSeconds => {
+            "the lease is taken for its TTL in milliseconds, so a crashed holder's job is free again within it"
+        }
+        Defect::NoAckWhenCompleted => {
+            "a delivery of a job already completed is acknowledged, so it is not redelivered forever"
+        }
+        Defect::ReadThenWrite => {
+            "the final write checks status, token and generation in the UPDATE itself, so nothing can come between the check and the write"
+        }
     }
 }
 

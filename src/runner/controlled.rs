@@ -1,6 +1,9 @@
 //! The controlled runner: runs one [`Schedule`] against workers under test on the real test bed,
 //! one step at a time. Every worker is held by a [`Gate`], so only the worker a step names moves,
-//! and only as far as the step says; faults land between steps, through [`crate::fault::apply`];
+//! and only as far as the step says: to a named checkpoint, or (a [`Step::Trips`]) round trip by
+//! round trip through its own links, held between two statements where no checkpoint is (the
+//! same link gate the wire runner holds processes with). Faults land between steps, through
+//! [`crate::fault::apply`];
 //! time-driven events (lease TTL, visibility timeout) happen when the schedule says, never by
 //! sleeping. The same schedule gives the same history (wall-clock stamps aside).
 //!
@@ -20,6 +23,7 @@ use crate::history::{Observation, Recorder, SubmittedRequest, read_jobs};
 use crate::reference::ReferenceFactory;
 use crate::reference::queue::Queue;
 use crate::reference::submit::InferenceRequest;
+use crate::runner::link_gate::Gate as LinkGate;
 use crate::runner::plane::{BackendFaults, CasePlane, RestartScope, Services, WorkerLink, Workers};
 use crate::schedule::file::{RunnerSpec, ScheduleFile};
 use crate::schedule::search::{Case, Outcome, Runner};
@@ -124,7 +128,7 @@ pub struct Controller<'a> {
     /// Per worker index, links not in use by a case (each case takes one per worker and gives it
     /// back: links and their connections outlive cases, so a case costs no set-up), each with the
     /// bed's count of restarts when it was given back ([`TestBed::restarts`]).
-    pools: Vec<std::sync::Mutex<Vec<(WorkerLink, u64)>>>,
+    pools: Vec<std::sync::Mutex<Vec<Pooled>>>,
     run_id: String,
     cases: AtomicU64,
     /// Cases may run concurrently (each in its own namespace, on its own proxies when it cuts a
@@ -134,6 +138,22 @@ pub struct Controller<'a> {
     /// own namespace ([`RestartScope::Namespace`]) and run alongside others.
     process_restarts: AtomicU64,
 }
+
+/// The lease TTL the workers of controlled cases are given (leases expire when the schedule
+/// says, so it only has to outlast a case).
+const LEASE_TTL: Duration = Duration::from_secs(60);
+
+/// How long a job may wait for its lease to run out once its holder is gone: twice the TTL the
+/// workers were given. A lease set to outlive it (the wrong unit, no expiry) strands the job.
+pub const LIVENESS_BOUND: Duration = Duration::from_secs(120);
+
+/// How long a released request of a worker held between statements may take to be answered
+/// before the step lets the worker go on freely (a cut link, a slowed backend).
+const RELEASE_ANSWER: Duration = Duration::from_secs(5);
+
+/// How long a worker moving between statements may take to reach its next request or
+/// checkpoint before the step ends with it running freely.
+const HELD_ARRIVAL: Duration = Duration::from_secs(10);
 
 /// Cases per controller whose Redis restart is a real process restart: the first, so every
 /// exploration that restarts Redis exercises the real one once; the rest are scoped to their
@@ -260,13 +280,13 @@ impl<'a> Controller<'a> {
 
     /// Links for worker `index` of a case: a pooled one (its Redis connection answering again if
     /// a restart broke it while it waited), or new ones.
-    async fn take_link(&self, index: usize) -> Result<WorkerLink> {
+    async fn take_link(&self, index: usize) -> Result<(WorkerLink, Option<Arc<LinkGate>>)> {
         let pooled = self.pools[index].lock().expect("poisoned").pop();
         match pooled {
             // Given back since the last restart, by a case whose drain healed it: it answers,
             // and a check would only cost a round trip through its proxy.
-            Some((link, restarts)) if restarts == self.bed.restarts() => Ok(link),
-            Some((link, _)) => {
+            Some((link, gate, restarts)) if restarts == self.bed.restarts() => Ok((link, gate)),
+            Some((link, gate, _)) => {
                 let redis = link.infra()?.redis.clone();
                 crate::env::containers::wait_ready(
                     "redis (pooled worker link)",
@@ -277,29 +297,53 @@ impl<'a> Controller<'a> {
                     },
                 )
                 .await?;
-                Ok(link)
+                Ok((link, gate))
             }
-            None => WorkerLink::open(self.bed, self.settings.wire, true).await,
+            // Recorded links can hold requests too: steps between statements need it. Open
+            // until a step holds it: checkpoints alone move the worker.
+            None => {
+                let wire = self.settings.wire;
+                let link = WorkerLink::open_with(self.bed, wire, true, wire).await?;
+                let gate = link.links.is_recorded().then(|| {
+                    let id = &self.settings.workers[index].id;
+                    let gate = LinkGate::new(id, "", Duration::from_secs(20));
+                    gate.open();
+                    gate
+                });
+                Ok((link, gate))
+            }
         }
     }
 
-    /// Gives a case's links back for the next cases (healed by the case's drain).
-    fn give_back(&self, links: Vec<WorkerLink>) {
+    /// Gives a case's links (and their gates) back for the next cases (healed by the case's
+    /// drain).
+    fn give_back(&self, links: Vec<WorkerLink>, gates: Vec<Option<Arc<LinkGate>>>) {
         let restarts = self.bed.restarts();
-        for (index, link) in links.into_iter().enumerate() {
+        for (index, (link, gate)) in links.into_iter().zip(gates).enumerate() {
             self.pools[index]
                 .lock()
                 .expect("poisoned")
-                .push((link, restarts));
+                .push((link, gate, restarts));
         }
     }
 }
+
+/// Links not in use by a case: the links, their gate (recorded links: it numbers their
+/// connections' round trips, so it stays with them), and the bed's count of restarts when they
+/// were given back.
+type Pooled = (WorkerLink, Option<Arc<LinkGate>>, u64);
 
 /// A worker's place in the case.
 struct Slot {
     worker: Arc<dyn WorkerUnderTest>,
     task: Option<JoinHandle<Result<()>>>,
     parked: Option<Arrival>,
+    /// Held at its links before a request (a [`Step::Trips`] ended there).
+    held: bool,
+    /// The last checkpoint it passed in its current delivery.
+    last: Option<Checkpoint>,
+    /// Its links' gate (None: the links are not recorded, so cannot hold).
+    links: Option<Arc<LinkGate>>,
     /// The job queue as this worker sees it (through its own link, possibly cut).
     queue: Queue,
 }
@@ -321,6 +365,8 @@ impl Slots {
     async fn settle(&mut self, index: usize) -> Result<()> {
         let slot = &mut self.slots[index];
         slot.parked = None;
+        slot.held = false;
+        slot.last = None;
         let Some(task) = slot.task.take() else {
             return Ok(());
         };
@@ -387,8 +433,15 @@ impl<'c, 'a> CaseRun<'c, 'a> {
         let keys = Keys::namespaced(namespace);
         let settings = &controller.settings;
         let mut links = Vec::new();
+        let mut link_gates = Vec::new();
         for index in 0..settings.workers.len() {
-            links.push(controller.take_link(index).await?);
+            let (link, gate) = controller.take_link(index).await?;
+            if let Some(gate) = &gate {
+                gate.rename(namespace);
+                gate.begin(Vec::new());
+            }
+            links.push(link);
+            link_gates.push(gate);
         }
         // The case's stream and consumer group, made by the harness before any worker reads.
         let harness_queue = Queue::open(controller.admin.redis.clone(), &keys).await?;
@@ -411,7 +464,7 @@ impl<'c, 'a> CaseRun<'c, 'a> {
                     log: log.clone(),
                     backend_timeout: settings.backend_timeout,
                     // Time-driven events come from the schedule: keep the clock out of the way.
-                    lease_ttl: Duration::from_secs(60),
+                    lease_ttl: LEASE_TTL,
                     defects: settings.defects.clone(),
                 })
                 .await?;
@@ -419,6 +472,9 @@ impl<'c, 'a> CaseRun<'c, 'a> {
                 worker,
                 task: None,
                 parked: None,
+                held: false,
+                last: None,
+                links: link_gates[index].clone(),
                 // The harness receives on the worker's behalf, through the worker's own link.
                 queue: Queue::over(infra.redis.clone(), &keys),
             });
@@ -459,7 +515,23 @@ impl<'c, 'a> CaseRun<'c, 'a> {
         services.restart = restart;
         let mut wire_recorded = true;
         for (index, spec) in settings.workers.iter().enumerate() {
-            wire_recorded &= services.record(index, &spec.id, &recorder);
+            match &slots[index].links {
+                Some(gate) => {
+                    let listener = {
+                        let (recorder, gate) = (recorder.wire_listener(), gate.clone());
+                        Arc::new(move |event: crate::wire::WireEvent| {
+                            gate.trip(&event);
+                            recorder(event);
+                        })
+                    };
+                    wire_recorded &= services.record_to(index, &spec.id, listener);
+                    if !services.hold(index, gate.clone()) {
+                        // A remote proxy cannot hold: steps between statements are refused.
+                        slots[index].links = None;
+                    }
+                }
+                None => wire_recorded &= services.record(index, &spec.id, &recorder),
+            }
         }
         services.requests = requests.iter().map(|r| r.idempotency_key.clone()).collect();
         Ok(CaseRun {
@@ -483,8 +555,10 @@ impl<'c, 'a> CaseRun<'c, 'a> {
     async fn execute(&mut self, schedule: &Schedule) -> Result<()> {
         for (i, step) in schedule.steps.iter().enumerate() {
             self.recorder.step(i + 1, step.to_string());
+            tracing::debug!(step = i + 1, %step, "controlled step");
             match step {
                 Step::Run { worker, to } => self.run_worker(*worker, *to).await?,
+                Step::Trips { worker, trips } => self.trips(*worker, *trips).await?,
                 Step::Crash { worker } => {
                     self.fault(&Fault::CrashWorker { worker: *worker }).await?
                 }
@@ -500,31 +574,40 @@ impl<'c, 'a> CaseRun<'c, 'a> {
         Ok(())
     }
 
-    async fn run_worker(&mut self, worker: usize, to: Checkpoint) -> Result<()> {
+    /// Starts worker `index` on a delivery if it is idle; whether it is running one now.
+    async fn start_if_idle(&mut self, index: usize) -> Result<bool> {
         let slots = &self.plane.workers;
-        let index = slots.index(worker);
-        if slots.slots[index].task.is_none() {
-            let slot_worker = slots.slots[index].worker.clone();
-            if slot_worker.is_draining() {
-                return Ok(());
+        if slots.slots[index].task.is_some() {
+            return Ok(true);
+        }
+        let slot_worker = slots.slots[index].worker.clone();
+        if slot_worker.is_draining() {
+            return Ok(false);
+        }
+        let delivery = match self.receive_for(index).await {
+            Ok(delivery) => delivery,
+            Err(err) => {
+                // The worker could not reach its queue (a partition): its step does nothing.
+                self.recorder.observe(Observation::AttemptError {
+                    worker: slot_worker.id().to_owned(),
+                    error: err.to_string(),
+                });
+                return Ok(false);
             }
-            let delivery = match self.receive_for(index).await {
-                Ok(delivery) => delivery,
-                Err(err) => {
-                    // The worker could not reach its queue (a partition): its step does nothing.
-                    self.recorder.observe(Observation::AttemptError {
-                        worker: slot_worker.id().to_owned(),
-                        error: err.to_string(),
-                    });
-                    return Ok(());
-                }
-            };
-            let Some(delivery) = delivery else {
-                return Ok(());
-            };
-            let slot = &mut self.plane.workers.slots[index];
-            let runner = slot.worker.clone();
-            slot.task = Some(tokio::spawn(async move { runner.process(delivery).await }));
+        };
+        let Some(delivery) = delivery else {
+            return Ok(false);
+        };
+        let slot = &mut self.plane.workers.slots[index];
+        let runner = slot.worker.clone();
+        slot.task = Some(tokio::spawn(async move { runner.process(delivery).await }));
+        Ok(true)
+    }
+
+    async fn run_worker(&mut self, worker: usize, to: Checkpoint) -> Result<()> {
+        let index = self.plane.workers.index(worker);
+        if !self.start_if_idle(index).await? {
+            return Ok(());
         }
         let slots = &mut self.plane.workers;
         let id = slots.slots[index].worker.id().to_owned();
@@ -535,8 +618,20 @@ impl<'c, 'a> CaseRun<'c, 'a> {
             }
             parked.proceed();
         }
+        let slot = &mut slots.slots[index];
+        if slot.held {
+            // Held between statements past `to` already: it stays. Else its request goes on.
+            if slot.last.is_some_and(|last| last >= to) {
+                return Ok(());
+            }
+            slot.held = false;
+            if let Some(links) = &slot.links {
+                links.open();
+            }
+        }
         loop {
             let arrival = slots.gate.next(&id).await?;
+            slots.slots[index].last = Some(arrival.at);
             if arrival.at == Checkpoint::Done {
                 arrival.proceed();
                 slots.settle(index).await?;
@@ -550,6 +645,78 @@ impl<'c, 'a> CaseRun<'c, 'a> {
         }
     }
 
+    /// Lets worker `worker` complete `trips` counted round trips through its links, passing
+    /// whatever checkpoints it meets, then holds it before its next request (or it finishes its
+    /// delivery first).
+    async fn trips(&mut self, worker: usize, trips: u32) -> Result<()> {
+        let index = self.plane.workers.index(worker);
+        let Some(links) = self.plane.workers.slots[index].links.clone() else {
+            return Err(Error::Config(
+                "steps between statements need the workers' links recorded, and a proxy in \
+                 process to hold them"
+                    .into(),
+            ));
+        };
+        if !self.start_if_idle(index).await? {
+            return Ok(());
+        }
+        let slots = &mut self.plane.workers;
+        let id = slots.slots[index].worker.id().to_owned();
+        links.close();
+        let mut left = trips;
+        if slots.slots[index].held {
+            // The request it is held before is the first of these.
+            slots.slots[index].held = false;
+            left -= 1;
+            if links.release(RELEASE_ANSWER).await.is_none() {
+                return Ok(());
+            }
+        }
+        if let Some(parked) = slots.slots[index].parked.take() {
+            parked.proceed();
+        }
+        let mut notes = Vec::new();
+        loop {
+            // The worker is sequential: it is either at a checkpoint or at its links, never both.
+            let held = tokio::select! {
+                arrival = slots.gate.next(&id) => {
+                    let arrival = arrival?;
+                    tracing::debug!(worker = %id, at = %arrival.at, "between statements: checkpoint");
+                    slots.slots[index].last = Some(arrival.at);
+                    let done = arrival.at == Checkpoint::Done;
+                    arrival.proceed();
+                    if done {
+                        links.open();
+                        slots.settle(index).await?;
+                        return Ok(());
+                    }
+                    continue;
+                }
+                held = links.arrival(HELD_ARRIVAL, &mut notes) => held,
+            };
+            tracing::debug!(worker = %id, ?held, left, "between statements: at the links");
+            let Some((before, _)) = held else {
+                // Neither a checkpoint nor a request: blocked (a cut link). It goes on freely.
+                links.open();
+                return Ok(());
+            };
+            if left == 0 {
+                slots.slots[index].held = true;
+                slots.recorder.observe(Observation::Held {
+                    worker: id.clone(),
+                    before,
+                });
+                return Ok(());
+            }
+            left -= 1;
+            if links.release(RELEASE_ANSWER).await.is_none() {
+                // Released but unanswered (a cut or slowed link): the worker waits on it.
+                links.open();
+                return Ok(());
+            }
+        }
+    }
+
     /// Heals every fault, lets parked workers finish, lets every lease run out and drains the
     /// queue with workers of the active version.
     async fn drain(&mut self) -> Result<()> {
@@ -558,6 +725,14 @@ impl<'c, 'a> CaseRun<'c, 'a> {
             "drain: heal, finish parked workers, expire leases, redeliver".into(),
         );
         self.recorder.observe(Observation::Draining);
+        tracing::debug!("controlled drain");
+        // Held requests go first: healing checks each link answers, and a request held on a
+        // connection keeps everything behind it waiting.
+        for slot in &self.plane.workers.slots {
+            if let Some(links) = &slot.links {
+                links.open();
+            }
+        }
         self.plane.services.heal_all().await?;
         let slots = &mut self.plane.workers;
         for index in 0..slots.slots.len() {
@@ -573,12 +748,25 @@ impl<'c, 'a> CaseRun<'c, 'a> {
             .iter()
             .map(|r| r.idempotency_key.clone())
             .collect();
-        let held = self.plane.services.delete_leases(&keys).await?;
+        // Time passes for the leases, up to the liveness bound: a lease set to outlive it (a
+        // TTL in the wrong unit) keeps its job waiting, which the drain does not repair.
+        let (held, outliving) = self
+            .plane
+            .services
+            .expire_leases_within(&keys, LIVENESS_BOUND)
+            .await?;
         for (key, held) in keys.into_iter().zip(held) {
             if held {
                 self.recorder
                     .fault(crate::fault::Effect::LeaseExpired { key, held: true });
             }
+        }
+        for (key, ttl_ms) in outliving {
+            self.recorder.observe(Observation::LeaseOutlivesBound {
+                key,
+                ttl_ms,
+                bound_ms: LIVENESS_BOUND.as_millis() as u64,
+            });
         }
         if self.plane.services.redis_restarted() {
             self.recover_queue().await?;
@@ -629,6 +817,11 @@ impl<'c, 'a> CaseRun<'c, 'a> {
                 settled = true;
                 break;
             }
+        }
+        // What the queue still holds: a delivery left unacknowledged is never done.
+        for (key, deliveries) in harness_queue.pending().await? {
+            self.recorder
+                .observe(Observation::Pending { key, deliveries });
         }
         self.recorder.observe(Observation::Drained { settled });
         Ok(())
@@ -690,8 +883,15 @@ impl<'c, 'a> CaseRun<'c, 'a> {
     async fn finish(mut self) -> Result<CaseResult> {
         let connections = self.plane.connections();
         // The drain healed every link: they serve the next case.
+        let gates = self
+            .plane
+            .workers
+            .slots
+            .iter()
+            .map(|slot| slot.links.clone())
+            .collect();
         self.controller
-            .give_back(self.plane.services.release_links());
+            .give_back(self.plane.services.release_links(), gates);
         let admin = self.plane.services.admin();
         let mut history = crate::history::collect(
             self.controller.bed.take_journals(self.keys.prefix()),

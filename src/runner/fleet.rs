@@ -725,6 +725,10 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
             processes.restart(index, &spec)?;
         }
     }
+    // Settled: every job terminal and nothing left pending (a delivery a worker left
+    // unacknowledged is redelivered after the visibility timeout; a worker that never acks it
+    // leaves it pending for good, which the judge reports).
+    let mut queue = crate::reference::queue::Queue::over(admin.redis.clone(), &keys);
     let settled = loop {
         let jobs = read_jobs(&admin.pg, keys.prefix()).await?;
         let open = requests.iter().any(|r| {
@@ -732,7 +736,7 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
                 .find(|j| j.idempotency_key == r.idempotency_key)
                 .is_none_or(|j| !j.status().is_ok_and(|s| s.is_terminal()))
         });
-        if !open {
+        if !open && queue.pending().await?.is_empty() {
             break true;
         }
         if Instant::now() + settings.backend_timeout * 3 > hard_deadline
@@ -749,6 +753,32 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
     // end. (Bounded anyway: a reader must never hold the verdict.)
     for reader in std::mem::take(&mut plane.workers.readers) {
         let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
+    }
+    for (key, deliveries) in queue.pending().await? {
+        recorder.observe(Observation::Pending { key, deliveries });
+    }
+    // A job still open behind a lease set to outlive the liveness bound (twice the longest TTL
+    // the workers were given) waits for it, whatever the drain allows.
+    let bound = settings
+        .long_lease_ttl
+        .unwrap_or(settings.lease_ttl)
+        .max(settings.lease_ttl)
+        * 2;
+    let open: Vec<String> = read_jobs(&admin.pg, keys.prefix())
+        .await?
+        .into_iter()
+        .filter(|j| !j.status().is_ok_and(|s| s.is_terminal()))
+        .map(|j| j.idempotency_key)
+        .collect();
+    let ttls = plane.services.lease_ttls(&open).await?;
+    for (key, ttl) in open.into_iter().zip(ttls) {
+        if let Some(ttl_ms) = ttl.filter(|t| *t < 0 || *t as u128 > bound.as_millis()) {
+            recorder.observe(Observation::LeaseOutlivesBound {
+                key,
+                ttl_ms,
+                bound_ms: bound.as_millis() as u64,
+            });
+        }
     }
     recorder.observe(Observation::Drained { settled });
     let mut history = crate::history::collect(

@@ -21,6 +21,10 @@ use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 use std::time::Duration;
 
+/// How long a worker's Redis connection gets to answer after a healed partition or a restart
+/// before the case goes on without waking it (it may be held by the schedule).
+const WORKER_RECONNECT: Duration = Duration::from_secs(2);
+
 /// The workers side of a case's plane.
 pub trait Workers: Send {
     /// The id of worker `worker` (indices wrap around the case's workers).
@@ -192,15 +196,35 @@ impl<'b> Services<'b> {
     /// Records the round trips of worker `index`'s links into `recorder`, attributed to
     /// `worker`; whether they are recorded.
     pub fn record(&self, index: usize, worker: &str, recorder: &std::sync::Arc<Recorder>) -> bool {
-        self.links
-            .get(index)
-            .is_some_and(|link| link.links.record(worker, recorder.wire_listener()))
+        self.record_to(index, worker, recorder.wire_listener())
     }
 
-    /// Stops recording every link of the case and hands the links back (healed), to be reused.
+    /// [`Services::record`] to any listener.
+    pub fn record_to(
+        &self,
+        index: usize,
+        worker: &str,
+        listener: crate::wire::WireListener,
+    ) -> bool {
+        self.links
+            .get(index)
+            .is_some_and(|link| link.links.record(worker, listener))
+    }
+
+    /// Asks `holder` before each request of worker `index`'s links goes on; whether its links
+    /// can hold.
+    pub fn hold(&self, index: usize, holder: std::sync::Arc<dyn crate::wire::Holder>) -> bool {
+        self.links
+            .get(index)
+            .is_some_and(|link| link.links.hold(Some(holder)))
+    }
+
+    /// Stops recording every link of the case and hands the links back (healed, holding
+    /// nothing), to be reused.
     pub fn release_links(&mut self) -> Vec<WorkerLink> {
         for link in &self.links {
             link.links.stop_recording();
+            link.links.hold(None);
         }
         std::mem::take(&mut self.links)
     }
@@ -253,6 +277,56 @@ impl<'b> Services<'b> {
         Ok(deleted.into_iter().map(|d| d == 1).collect())
     }
 
+    /// The time each job's lease has left to live, as its holder set it (`PTTL`): None when no
+    /// lease is held, `Some(-1)` when it never expires.
+    pub async fn lease_ttls(&self, keys: &[String]) -> Result<Vec<Option<i64>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for key in keys {
+            pipe.cmd("PTTL").arg(self.keys.lease(key));
+        }
+        let ttls: Vec<i64> = pipe.query_async(&mut self.admin.redis.clone()).await?;
+        Ok(ttls
+            .into_iter()
+            .map(|ttl| (ttl != -2).then_some(ttl))
+            .collect())
+    }
+
+    /// Lets time pass for the leases of `keys`, up to `bound`: a lease that runs out within it
+    /// by itself is deleted (whether one was held is returned per key); a lease set to outlive it
+    /// (or never to expire) stays, and is returned with what it had left: a crashed holder's job
+    /// waits behind it longer than the liveness bound, which the drain does not repair.
+    pub async fn expire_leases_within(
+        &self,
+        keys: &[String],
+        bound: Duration,
+    ) -> Result<(Vec<bool>, Vec<(String, i64)>)> {
+        let ttls = self.lease_ttls(keys).await?;
+        let (mut expiring, mut outliving) = (Vec::new(), Vec::new());
+        for (key, ttl) in keys.iter().zip(&ttls) {
+            match ttl {
+                Some(ttl) if *ttl < 0 || *ttl as u128 > bound.as_millis() => {
+                    outliving.push((key.clone(), *ttl));
+                }
+                Some(_) => expiring.push(key.clone()),
+                None => {}
+            }
+        }
+        let deleted = self.delete_leases(&expiring).await?;
+        let held = keys
+            .iter()
+            .map(|key| {
+                expiring
+                    .iter()
+                    .position(|k| k == key)
+                    .is_some_and(|i| deleted[i])
+            })
+            .collect();
+        Ok((held, outliving))
+    }
+
     /// After a restart or a healed partition the connections have seen their sockets die: the
     /// first command fails and reconnects. Wait until they answer again, so only the workers'
     /// attempts, never the harness's own bookkeeping, feel the fault.
@@ -261,17 +335,33 @@ impl<'b> Services<'b> {
             .links
             .iter()
             .filter_map(|link| link.infra.as_ref().map(|infra| infra.redis.clone()));
-        for redis in workers.chain([self.admin.redis.clone()]) {
-            crate::env::containers::wait_ready(
-                "redis (case connections)",
-                Duration::from_secs(10),
-                || {
-                    let mut redis = redis.clone();
-                    async move { redis::cmd("PING").query_async::<String>(&mut redis).await }
-                },
+        let ping = |redis: &redis::aio::ConnectionManager| {
+            let redis = redis.clone();
+            move || {
+                let mut redis = redis.clone();
+                async move { redis::cmd("PING").query_async::<String>(&mut redis).await }
+            }
+        };
+        for redis in workers {
+            // A worker's connection may carry a request the schedule is holding (a step between
+            // statements): its PING waits behind it. That worker reconnects when it next sends,
+            // as it would in production, so its connection is woken only if it can answer.
+            let woken = crate::env::containers::wait_ready(
+                "redis (a worker's connection)",
+                WORKER_RECONNECT,
+                ping(&redis),
             )
-            .await?;
+            .await;
+            if let Err(err) = woken {
+                tracing::debug!(%err, "a worker's redis connection stays asleep (held or slow)");
+            }
         }
+        crate::env::containers::wait_ready(
+            "redis (case connections)",
+            Duration::from_secs(10),
+            ping(&self.admin.redis),
+        )
+        .await?;
         Ok(())
     }
 

@@ -11,6 +11,7 @@
 //! clock). After the last step the case heals every fault, lets parked workers finish, lets every
 //! lease run out and drains the queue, so "no lost job" is judged on a settled system.
 
+pub mod aimed;
 pub mod file;
 pub mod search;
 pub mod shrink;
@@ -34,6 +35,16 @@ pub enum Step {
         /// Where it stops.
         to: Checkpoint,
     },
+    /// Let worker `worker` complete `trips` round trips that change something (to Redis,
+    /// Postgres, a backend; through its own links, whatever checkpoints it passes), then hold it
+    /// before its next one: between two statements, where no checkpoint is (taking a delivery
+    /// first if idle). Needs recorded links; a later `run` step lets the held request go.
+    Trips {
+        /// Index of the worker.
+        worker: usize,
+        /// Round trips to complete.
+        trips: u32,
+    },
     /// Crash worker `worker` where it is parked (nothing is cleaned up).
     Crash {
         /// Index of the worker.
@@ -49,7 +60,7 @@ impl Step {
         match self {
             Step::Fault(fault) => Some(fault.kind()),
             Step::Crash { .. } => Some(FaultKind::WorkerCrash),
-            Step::Run { .. } => None,
+            Step::Run { .. } | Step::Trips { .. } => None,
         }
     }
 }
@@ -58,6 +69,9 @@ impl fmt::Display for Step {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Step::Run { worker, to } => write!(f, "run worker #{worker} to {to}"),
+            Step::Trips { worker, trips } => {
+                write!(f, "let worker #{worker} complete {trips} round trip(s)")
+            }
             Step::Crash { worker } => write!(f, "crash worker #{worker}"),
             Step::Fault(fault) => write!(f, "fault: {fault}"),
         }
@@ -217,6 +231,14 @@ impl ScheduleSpace {
                 .prop_map(|(worker, to)| Step::Run { worker, to })
                 .boxed(),
         )];
+        // Between statements: a worker held where no checkpoint is (a check and the write it
+        // guards, two statements of one transition).
+        steps.push((
+            2,
+            (0..workers, 1u32..=3)
+                .prop_map(|(worker, trips)| Step::Trips { worker, trips })
+                .boxed(),
+        ));
         if self.allows(FaultKind::WorkerCrash) {
             steps.push((
                 1,

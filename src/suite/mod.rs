@@ -100,6 +100,28 @@ pub fn catching(defect: Defect) -> Catching {
                     Invariant::NoStaleCacheRead,
                 ],
             ),
+            // The attempt that never took the lease either calls the backend while the holder
+            // still works, or wins the take (the newest epoch) and writes as a non-owner.
+            Defect::RetryWithoutDedupe => (
+                "retry-overlap",
+                &[],
+                &[
+                    Invariant::ComputeWasteBounded,
+                    Invariant::NoNonOwnerFinalWrite,
+                ],
+            ),
+            // The write lands on the row of whoever took the job between the check and the
+            // write: over its result (two final writes), or under its generation, or merely
+            // after its takeover, depending on where the takeover stopped.
+            Defect::ReadThenWrite => (
+                "lease-expiry",
+                &[],
+                &[
+                    Invariant::AtMostOneFinalWrite,
+                    Invariant::GenerationsIncrease,
+                    Invariant::NoNonOwnerFinalWrite,
+                ],
+            ),
             other => {
                 let (suite, all_of) = catching_all(other);
                 (suite, all_of, &[])
@@ -151,7 +173,7 @@ fn catching_all(defect: Defect) -> (&'static str, &'static [Invariant]) {
             &[Invariant::NoCrossVersionCacheEntry],
         ),
         Defect::AckBeforeFinalWrite => ("worker-crash", &[Invariant::NoLostJob]),
-        Defect::RetryWithoutDedupe => ("retry-overlap", &[Invariant::ComputeWasteBounded]),
+        Defect::RetryWithoutDedupe => ("retry-overlap", &[]),
         Defect::LeaseWithoutNx => ("retry-overlap", &[Invariant::LeaseDiscipline]),
         Defect::RandomIdPerRetry => ("lease-expiry", &[Invariant::AtMostOneFinalWrite]),
         Defect::UnfencedFinalWrite => (
@@ -162,6 +184,10 @@ fn catching_all(defect: Defect) -> (&'static str, &'static [Invariant]) {
             ],
         ),
         Defect::ReleaseWithoutTokenCheck => ("lease-expiry", &[Invariant::LeaseDiscipline]),
+        Defect::LateWriteWithoutToken => ("lease-expiry", &[Invariant::NoNonOwnerFinalWrite]),
+        Defect::LeaseTtlInSeconds => ("worker-crash", &[Invariant::NoLostJob]),
+        Defect::NoAckWhenCompleted => ("worker-crash", &[Invariant::NoStuckDelivery]),
+        Defect::ReadThenWrite => ("lease-expiry", &[]),
     }
 }
 

@@ -301,7 +301,8 @@ impl Connection {
         let holder = self.holder.as_ref()?;
         let mut current = None;
         for ask in asks {
-            let hold = holder.before(&self.link, self.conn, &ask.requests);
+            let first = ask.seqs.first().copied().unwrap_or_default();
+            let hold = holder.before(&self.link, self.conn, first, &ask.requests);
             let hold = match hold {
                 None => {
                     let done = self.mark_forwarded(&ask.seqs, Instant::now());

@@ -463,10 +463,16 @@ where
 pub trait Holder: Send + Sync + 'static {
     /// Called before the engine forwards a client write that starts new requests, with those
     /// requests (complete, parsed) in order; a write continuing a request already forwarded is
-    /// never held. Return a future to hold the write until it resolves, or `None` to let it
-    /// through. Calls for one connection come in request order.
-    fn before(&self, link: &str, conn: u64, requests: &[Request])
-    -> Option<BoxFuture<'static, ()>>;
+    /// never held. `first` is the first request's number on its connection (its round trip's
+    /// [`RoundTrip::seq`]). Return a future to hold the write until it resolves, or `None` to
+    /// let it through. Calls for one connection come in request order.
+    fn before(
+        &self,
+        link: &str,
+        conn: u64,
+        first: u64,
+        requests: &[Request],
+    ) -> Option<BoxFuture<'static, ()>>;
 }
 
 /// The time base of round trips: microseconds since an origin the caller chooses (the run's

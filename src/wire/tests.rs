@@ -797,6 +797,7 @@ impl Holder for Gate {
         &self,
         _link: &str,
         _conn: u64,
+        _first: u64,
         requests: &[Request],
     ) -> Option<futures::future::BoxFuture<'static, ()>> {
         self.asked.lock().unwrap().push(requests.to_vec());

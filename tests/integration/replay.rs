@@ -143,9 +143,16 @@ async fn a_logfmt_double_write_reproduces(bed: &TestBed) -> anyhow::Result<()> {
         ],
     )
     .await?;
+    // Redelivered while the first attempt runs, the second attempt either calls the backend
+    // beside the holder or takes the job over and writes as a non-owner: what the search
+    // reaches first is what the retry without dedupe is known to break.
+    let broke = broken(&report, Cause::VisibilityTimeoutTooShort);
     anyhow::ensure!(
-        broken(&report, Cause::VisibilityTimeoutTooShort)
-            == BTreeSet::from([Invariant::ComputeWasteBounded])
+        !broke.is_empty()
+            && racecert::suite::catching(Defect::RetryWithoutDedupe)
+                .missing(&broke)
+                .is_empty(),
+        "visibility-timeout-too-short broke {broke:?}"
     );
     anyhow::ensure!(
         seen_again(&report).contains(&Cause::VisibilityTimeoutTooShort),

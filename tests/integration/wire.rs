@@ -507,6 +507,7 @@ impl Holder for HoldSets {
         &self,
         _link: &str,
         _conn: u64,
+        _first: u64,
         requests: &[Request],
     ) -> Option<BoxFuture<'static, ()>> {
         let is_set = requests.iter().any(|r| match r {

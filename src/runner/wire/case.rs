@@ -3,7 +3,6 @@
 //! that heals, lets every worker finish, and judges what concerns the case's requests.
 
 use super::WireSettings;
-use super::gate::{Gate, uncounted};
 use crate::check::CaseResult;
 use crate::contract::log::Echo;
 use crate::contract::worker::Infra;
@@ -15,6 +14,7 @@ use crate::reference::Pipeline;
 use crate::reference::process::WorkerEnv;
 use crate::reference::submit::InferenceRequest;
 use crate::runner::fleet::{Processes, signal, stop};
+use crate::runner::link_gate::{Gate, uncounted};
 use crate::runner::plane::{BackendFaults, CasePlane, Services, WorkerLink};
 use crate::schedule::search::{Divergence, Outcome};
 use crate::schedule::{RequestSpec, Schedule, WireStep};
@@ -66,6 +66,8 @@ pub(super) struct Case<'b> {
     trace: Vec<Vec<String>>,
     steps_run: Vec<WireStep>,
     started: Instant,
+    /// Jobs whose lease the drain found set to outlive the liveness bound (reported once).
+    outliving: Vec<String>,
 }
 
 static CASES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -210,6 +212,7 @@ impl<'b> Case<'b> {
             trace: Vec::new(),
             steps_run: Vec::new(),
             started,
+            outliving: Vec::new(),
         })
     }
 
@@ -222,6 +225,7 @@ impl<'b> Case<'b> {
         self.trace.clear();
         self.steps_run.clear();
         self.submitted.clear();
+        self.outliving.clear();
         let mut aliases = Vec::new();
         for (i, request) in requests.iter().enumerate() {
             let request_id = format!("c{}-{}", self.cases, request.request_id);
@@ -503,6 +507,14 @@ impl<'b> Case<'b> {
             settled = self.drain(bed).await?;
             self.settle().await?;
         }
+        // What the queue still holds for the case: a delivery left unacknowledged is never done.
+        let mut queue = crate::reference::queue::Queue::over(self.admin.redis.clone(), &self.keys);
+        for (key, deliveries) in queue.pending().await? {
+            if self.submitted.iter().any(|r| r.idempotency_key == key) {
+                self.recorder
+                    .observe(Observation::Pending { key, deliveries });
+            }
+        }
         self.recorder.observe(Observation::Drained { settled });
         let keys: std::collections::HashSet<String> = self
             .submitted
@@ -666,15 +678,21 @@ impl<'b> Case<'b> {
     }
 
     /// The case's requests whose job is not terminal.
+    /// The case's requests whose job is not terminal, or whose delivery is still pending (the
+    /// queue will hand it out again: the work is not over).
     async fn open_jobs(&self) -> Result<Vec<String>> {
         let jobs = read_jobs(&self.admin.pg, self.keys.prefix()).await?;
+        let mut queue = crate::reference::queue::Queue::over(self.admin.redis.clone(), &self.keys);
+        let pending: Vec<String> = queue.pending().await?.into_iter().map(|(k, _)| k).collect();
         Ok(self
             .submitted
             .iter()
             .filter(|r| {
-                jobs.iter()
-                    .find(|j| j.idempotency_key == r.idempotency_key)
-                    .is_none_or(|j| !j.status().is_ok_and(|s| s.is_terminal()))
+                pending.contains(&r.idempotency_key)
+                    || jobs
+                        .iter()
+                        .find(|j| j.idempotency_key == r.idempotency_key)
+                        .is_none_or(|j| !j.status().is_ok_and(|s| s.is_terminal()))
             })
             .map(|r| r.idempotency_key.clone())
             .collect())
@@ -701,9 +719,25 @@ impl<'b> Case<'b> {
                 .max()
                 .unwrap_or(self.started);
             if last.elapsed() > quiet && last_expiry.elapsed() > quiet {
+                // Up to the liveness bound: a lease set to outlive it keeps its job waiting.
+                let bound = self.settings.lease_ttl * 2;
+                let (_, outliving) = self
+                    .plane
+                    .services
+                    .expire_leases_within(&open, bound)
+                    .await?;
                 for key in &open {
-                    self.plane.services.delete_lease(key).await?;
                     self.expire_delivery(key).await?;
+                }
+                for (key, ttl_ms) in outliving {
+                    if !self.outliving.contains(&key) {
+                        self.outliving.push(key.clone());
+                        self.recorder.observe(Observation::LeaseOutlivesBound {
+                            key,
+                            ttl_ms,
+                            bound_ms: bound.as_millis() as u64,
+                        });
+                    }
                 }
                 last_expiry = Instant::now();
             }

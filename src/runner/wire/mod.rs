@@ -23,7 +23,6 @@
 //! request's connection ended (the worker's own timeout gave up on it).
 
 mod case;
-mod gate;
 #[cfg(test)]
 mod tests;
 

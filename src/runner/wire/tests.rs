@@ -1,7 +1,7 @@
 //! Unit tests of the wire runner's pieces that need no test bed.
 
 use super::case::diverged;
-use super::gate::{passes, uncounted};
+use crate::runner::link_gate::{passes, uncounted};
 use crate::wire::{RedisReply, Reply, Request, RoundTrip};
 
 #[test]

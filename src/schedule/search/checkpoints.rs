@@ -58,6 +58,8 @@ pub struct Checkpoints {
     generated: VecDeque<Schedule>,
     used: usize,
     mutator: Mutator,
+    /// One schedule per fault kind, aimed at its target, run first ([`crate::schedule::aimed`]).
+    aimed: Vec<Schedule>,
 }
 
 impl std::fmt::Debug for Checkpoints {
@@ -71,6 +73,11 @@ impl std::fmt::Debug for Checkpoints {
 impl Checkpoints {
     /// The source of `space`'s cases, with the regressions of `generation` read.
     pub fn new(space: &ScheduleSpace, generation: Generation) -> Result<Checkpoints> {
+        let aimed = if generation.guided {
+            crate::schedule::aimed::aimed(space)
+        } else {
+            Vec::new()
+        };
         Ok(Checkpoints {
             mutants: read_mutants(generation.regressions.as_deref())?,
             proptest_replays: persisted_count(generation.regressions.as_deref()),
@@ -79,6 +86,7 @@ impl Checkpoints {
             generated: VecDeque::new(),
             used: 0,
             mutator: Mutator::new(space),
+            aimed,
         })
     }
 
@@ -135,6 +143,10 @@ impl Source<Step> for Checkpoints {
         }
         if case < self.replays() as usize || !self.generation.guided {
             return self.next_generated().map(Some);
+        }
+        // Each kind in scope lands early: its aimed schedule comes before any random one.
+        if let Some(schedule) = self.aimed.get(case - self.replays() as usize) {
+            return Ok(Some((Case::Fixed(schedule.clone()), Origin::Aimed)));
         }
         let eligible = corpus.before((case + 1).saturating_sub(CORPUS_LAG));
         let mut decide = StdRng::seed_from_u64(case_seed(self.generation.seed, case));

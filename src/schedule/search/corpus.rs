@@ -366,7 +366,9 @@ mod tests {
             assert!(!a.requests.is_empty() && a.requests.len() <= space.max_requests);
             for step in &a.steps {
                 match step {
-                    Step::Run { worker, .. } => assert!(*worker < space.workers.len()),
+                    Step::Run { worker, .. } | Step::Trips { worker, .. } => {
+                        assert!(*worker < space.workers.len())
+                    }
                     Step::Fault(fault) => assert!(space.faults.contains(&fault.kind())),
                     Step::Crash { .. } => panic!("worker-crash is not in the space"),
                 }

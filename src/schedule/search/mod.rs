@@ -203,6 +203,8 @@ pub enum Origin {
     },
     /// A PCT plan, drawn from the case's seed.
     Pct,
+    /// A schedule aimed at a fault kind's target, built from the space.
+    Aimed,
     /// A failure persisted by an earlier run, replayed.
     Replayed,
 }

@@ -79,7 +79,6 @@ struct Held {
 struct GateState {
     /// Everything goes through (the drain).
     open: bool,
-    next_seq: HashMap<(String, u64), u64>,
     held: VecDeque<Held>,
     done: HashMap<(String, u64, u64), RoundTrip>,
     /// When the worker last completed a counted round trip.
@@ -92,7 +91,8 @@ struct GateState {
 /// One worker's holder: holds its effectful requests until the scheduler releases them.
 pub(super) struct Gate {
     pub(super) worker: String,
-    pub(super) namespace: String,
+    /// The key namespace of the case (elided in fingerprints).
+    namespace: Mutex<String>,
     pub(super) max_hold: Duration,
     state: Mutex<GateState>,
     pub(super) changed: Notify,
@@ -103,7 +103,7 @@ impl Gate {
     pub(super) fn new(worker: &str, namespace: &str, max_hold: Duration) -> Arc<Gate> {
         Arc::new(Gate {
             worker: worker.to_owned(),
-            namespace: namespace.to_owned(),
+            namespace: Mutex::new(namespace.to_owned()),
             max_hold,
             state: Mutex::new(GateState::default()),
             changed: Notify::new(),
@@ -116,7 +116,8 @@ impl Gate {
     }
 
     pub(super) fn print_with(&self, aliases: &[(String, String)], request: &Request) -> String {
-        let mut print = request.fingerprint(Some(&self.namespace)).0;
+        let namespace = self.namespace.lock().expect("poisoned").clone();
+        let mut print = request.fingerprint(Some(&namespace)).0;
         for (name, alias) in aliases {
             print = print.replace(name.as_str(), alias);
         }
@@ -127,6 +128,12 @@ impl Gate {
     pub(super) fn print(&self, request: &Request) -> String {
         let aliases = self.lock().aliases.clone();
         self.print_with(&aliases, request)
+    }
+
+    /// The case's key namespace from now on (a gate of pooled links serves case after case:
+    /// its connections, and their round trips' numbering, outlive each case).
+    pub(super) fn rename(&self, namespace: &str) {
+        *self.namespace.lock().expect("poisoned") = namespace.to_owned();
     }
 
     /// Forgets the last case: finished trips, progress, timeouts; `aliases` name this one's.
@@ -150,9 +157,12 @@ impl Gate {
             if !uncounted(trip) {
                 state.progress = Some(Instant::now());
             }
-            state
-                .done
-                .insert((trip.link.clone(), trip.conn, trip.seq), trip.clone());
+            // Only requests held while closed are waited for (an open gate holds nothing).
+            if !state.open {
+                state
+                    .done
+                    .insert((trip.link.clone(), trip.conn, trip.seq), trip.clone());
+            }
         }
         self.changed.notify_waiters();
     }
@@ -248,12 +258,10 @@ impl Holder for Gate {
         &self,
         link: &str,
         conn: u64,
+        first: u64,
         requests: &[Request],
     ) -> Option<BoxFuture<'static, ()>> {
         let mut state = self.lock();
-        let seq = state.next_seq.entry((link.to_owned(), conn)).or_default();
-        let first = *seq;
-        *seq += requests.len() as u64;
         if state.open || requests.iter().all(passes) {
             return None;
         }
