@@ -1,6 +1,7 @@
 //! Aimed schedules: one per fault kind in a space, built so the fault meets its target (a job
-//! held, a cache entry of the old version read after a cutover), and for lease expiry two more in
-//! the window between a holder's last check and the write it guards. A search runs them before its
+//! held, a cache entry of the old version read after a cutover), with more for the kinds whose
+//! target is several points: a crash after the take, during the call and before the ack; a lease
+//! running out in the window between a holder's last check and the write it guards. A search runs them before its
 //! random cases, so every kind in scope lands early; a random draw lands a kind that needs an
 //! order of several steps (write under the old version, cut over, read under the new one, then
 //! invalidate) in about one case of a hundred.
@@ -17,9 +18,22 @@ pub fn aimed(space: &ScheduleSpace) -> Vec<Schedule> {
         .iter()
         .flat_map(|kind| {
             let mut aimed: Vec<Schedule> = aimed_at(space, *kind).into_iter().collect();
-            if *kind == FaultKind::LeaseExpiry {
-                aimed.push(before_the_write(space, None));
-                aimed.push(before_the_write(space, Some(1)));
+            match kind {
+                FaultKind::LeaseExpiry => {
+                    aimed.push(before_the_write(space, None));
+                    aimed.push(before_the_write(space, Some(1)));
+                }
+                // The holder dies at each point a job can be left in: taken and not called,
+                // and written but not acknowledged (its redelivery meets a finished job).
+                FaultKind::WorkerCrash => {
+                    for at in [Checkpoint::AfterTake, Checkpoint::BeforeAck] {
+                        aimed.push(Schedule {
+                            requests: requests(space, 1),
+                            steps: vec![run(0, at), Step::Crash { worker: 0 }],
+                        });
+                    }
+                }
+                _ => {}
             }
             aimed
         })
