@@ -24,6 +24,8 @@ struct Holder {
     expires_at: Option<u64>,
     /// The round trip that took it.
     proof: String,
+    /// When its SET reached the server (wire clock, µs).
+    forwarded_us: Option<u64>,
 }
 
 /// A model output in a value: `{version}:{16 hex}` (contract::model_output).
@@ -178,6 +180,15 @@ pub(super) fn lease_discipline(history: &History, keys: &KeyMatcher) -> Vec<Viol
         let Some(lease) = command.keys.iter().find(|k| keys.is_lease(k)) else {
             continue;
         };
+        // Round trips are recorded as they complete; two released at once (the drain opening
+        // held requests) may complete in the other order than the server ran them. A command
+        // that reached the server before the live holder's SET ran before it: judged against
+        // the lease as it was then (freed, since that SET succeeded), and it leaves that SET's.
+        if leases.get(lease).is_some_and(|h| {
+            matches!((wire.trip.forwarded_us, h.forwarded_us), (Some(this), Some(set)) if this < set)
+        }) {
+            continue;
+        }
         let live = leases.get(lease).cloned();
         let foreign = |token: Option<&String>| {
             live.as_ref()
@@ -210,6 +221,7 @@ pub(super) fn lease_discipline(history: &History, keys: &KeyMatcher) -> Vec<Viol
                         token,
                         expires_at: set_ttl(&command.args).map(|ttl| event.at_ms + ttl),
                         proof: proof(event, wire, namespace),
+                        forwarded_us: wire.trip.forwarded_us,
                     },
                 );
             }
@@ -404,6 +416,7 @@ pub(super) fn compute_waste_bounded(history: &History, keys: &KeyMatcher) -> Vec
                                 token: command.args.get(1).cloned().unwrap_or_default(),
                                 expires_at: set_ttl(&command.args).map(|ttl| event.at_ms + ttl),
                                 proof: proof(event, wire, namespace),
+                                forwarded_us: wire.trip.forwarded_us,
                             },
                         );
                     }
@@ -542,6 +555,37 @@ mod tests {
             redis_trip("c", "SET", &[lease, "tc", "PX", "60000"], &[lease], ok()),
         ]);
         assert_eq!(lease_discipline(&stomp, &matcher).len(), 1);
+    }
+
+    #[test]
+    fn a_release_that_reached_the_server_before_the_takeover_is_judged_in_server_order() {
+        let lease = "c:inference:lock:c:idem-1";
+        let matcher = KeyLayout::contract("c:").matcher();
+        let forwarded = |mut kind: EventKind, at: u64| {
+            if let EventKind::Wire(wire) = &mut kind {
+                wire.trip.forwarded_us = Some(at);
+            }
+            kind
+        };
+        let take = |w: &str, t: &str, at: u64| {
+            let ok = RedisReply::Status("OK".into());
+            let set = redis_trip(w, "SET", &[lease, t, "NX", "PX", "60000"], &[lease], ok);
+            forwarded(set, at)
+        };
+        let release = |at: u64| {
+            let script = &["sha", "1", lease, "ta"];
+            forwarded(
+                redis_trip("a", "EVALSHA", script, &[lease], RedisReply::Int(1)),
+                at,
+            )
+        };
+        // Both held, then released together: c's SET completed first in the recording, but a's
+        // release reached the server first (it freed the key c's SET NX then took).
+        let reordered = history(vec![take("a", "ta", 10), take("c", "tc", 30), release(20)]);
+        assert!(lease_discipline(&reordered, &matcher).is_empty());
+        // The release reached the server after c's SET: it ran a script on c's live lease.
+        let late = history(vec![take("a", "ta", 10), take("c", "tc", 30), release(40)]);
+        assert_eq!(lease_discipline(&late, &matcher).len(), 1);
     }
 
     #[test]
