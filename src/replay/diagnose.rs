@@ -868,8 +868,7 @@ fn cross_version_cache(
             reconstruction
                 .cutovers
                 .iter()
-                .filter(|c| c.seq < hit.seq)
-                .next_back()
+                .rfind(|c| c.seq < hit.seq)
                 .and_then(|c| c.to.as_deref())
         });
         let filler = key.and_then(|k| fillers.get(k)).and_then(|fills| {

@@ -30,12 +30,11 @@ pub(super) fn imperfect_drain(
         let stop = reconstruction
             .marks
             .iter()
-            .filter(|m| {
+            .rfind(|m| {
                 m.status == Status::StopRequested
                     && m.seq < took.seq
                     && m.worker_id.as_deref() == Some(attempt.worker_id.as_str())
             })
-            .next_back()
             .filter(|stop| {
                 reconstruction
                     .mark_between(
@@ -52,8 +51,7 @@ pub(super) fn imperfect_drain(
             let cutover = reconstruction
                 .cutovers
                 .iter()
-                .filter(|c| c.seq < accepted_seq)
-                .next_back()?;
+                .rfind(|c| c.seq < accepted_seq)?;
             let old = match (cutover.from.as_deref(), cutover.to.as_deref()) {
                 (Some(from), _) => from == version,
                 (None, Some(to)) => to != version,

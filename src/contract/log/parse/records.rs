@@ -478,10 +478,13 @@ fn frame(object: &Map<String, Value>, entries: &mut Vec<Entry>) {
             _ => {}
         }
         for (i, name) in names.iter().enumerate() {
-            if Some(i) != line && Some(i) != time && Some(i) != labels && name != "id" {
-                if let Some(value) = cell(i).filter(|v| !v.is_null()) {
-                    fields.push((name.clone(), text_of(value)));
-                }
+            if Some(i) != line
+                && Some(i) != time
+                && Some(i) != labels
+                && name != "id"
+                && let Some(value) = cell(i).filter(|v| !v.is_null())
+            {
+                fields.push((name.clone(), text_of(value)));
             }
         }
         let origin = Origin {
