@@ -115,6 +115,7 @@ pub fn analyse_file(
     let options = parse::Options {
         fields: fields.to_vec(),
         only: only.map(str::to_owned),
+        compact: true,
         ..parse::Options::default()
     };
     Ok(analyse_parsed(parse::parse_file(path, &options)?, only))

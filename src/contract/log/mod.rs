@@ -316,7 +316,21 @@ pub fn timestamp_now() -> String {
 
 /// Formats a timestamp as the seed's logs do: UTC, milliseconds, `Z`.
 pub fn format_timestamp(ts: jiff::Timestamp) -> String {
-    ts.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+    // By hand, not strftime: `racecert replay` formats one per line of a log of any size.
+    let at = jiff::tz::Offset::UTC.to_datetime(ts);
+    let mut out = String::with_capacity(24);
+    let _ = write!(
+        out,
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        at.year(),
+        at.month(),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second(),
+        at.millisecond()
+    );
+    out
 }
 
 #[cfg(test)]

@@ -51,7 +51,7 @@ use table::Table;
 pub const MAX_LINE: usize = 64 * 1024;
 /// Relevant lines kept for the stories by default; later ones are counted, not kept, so a log of
 /// any size is read in bounded memory (`--request` narrows what is kept instead).
-pub const MAX_KEPT: usize = 400_000;
+pub const MAX_KEPT: usize = 250_000;
 /// Malformed lines listed (every one is counted).
 pub const MAX_MALFORMED: usize = 1_000;
 /// A pretty-printed JSON export (one document, not one record per line) larger than this is
@@ -188,7 +188,31 @@ pub struct Options {
     /// lines naming no request (cutovers, worker starts and losses) and cache lines (a cache
     /// entry read by this request may have been filled by another).
     pub only: Option<String>,
+    /// Keep of each line only the fields a story is told from ([`STORY_FIELDS`]): a kept line
+    /// then costs a few hundred bytes, whatever the record carried.
+    pub compact: bool,
 }
+
+/// The fields the stories and diagnoses read; the rest of a line is its own business.
+pub const STORY_FIELDS: &[&str] = &[
+    "request_id",
+    "job_id",
+    "idempotency_key",
+    "worker_id",
+    "process",
+    "model_version",
+    "backend_endpoint",
+    "cache_key",
+    "attempt",
+    "status",
+    "write",
+    "runtime_s",
+    "served_model_version",
+    "cached_model_version",
+    "previous_model_version",
+    "new_model_version",
+    "attribution",
+];
 
 impl Default for Options {
     fn default() -> Options {
@@ -196,6 +220,7 @@ impl Default for Options {
             fields: Vec::new(),
             keep: MAX_KEPT,
             only: None,
+            compact: false,
         }
     }
 }
@@ -452,6 +477,12 @@ fn take(
             parsed.not_kept += 1;
             continue;
         }
+        let mut line = line;
+        if options.compact {
+            line.fields
+                .retain(|(k, _)| STORY_FIELDS.contains(&k.as_str()));
+            line.fields.shrink_to_fit();
+        }
         parsed.lines.push(ParsedLine {
             line_no: number,
             line,
@@ -577,11 +608,14 @@ fn finish(parsed: &mut Parsed, reader: Reader) {
     let mut found: Vec<Found> = reader
         .found
         .into_iter()
-        .map(|((field, key), (records, first_line))| Found {
-            field,
-            key,
-            records,
-            first_line,
+        .flat_map(|(field, keys)| {
+            keys.into_iter()
+                .map(move |(key, records, first_line)| Found {
+                    field,
+                    key,
+                    records,
+                    first_line,
+                })
         })
         .collect();
     found.sort_by(|a, b| {
@@ -629,8 +663,9 @@ struct Reader<'o> {
     banner: bool,
     traceback: bool,
     python: HashSet<String>,
-    /// (seed field, key) -> (records, first line).
-    found: HashMap<(&'static str, String), (usize, usize)>,
+    /// seed field -> (key, records, first line): a few keys per field, scanned without
+    /// allocating, since every field of every line is noted.
+    found: HashMap<&'static str, Vec<(String, usize, usize)>>,
     /// The line being read.
     line_no: usize,
     /// What the last line was, for the tally.
@@ -676,13 +711,10 @@ impl<'o> Reader<'o> {
         let line_no = self.line_no;
         let found = &mut self.found;
         let (line, millis) = canonical(raw, self.maps, &mut |field, key| {
-            // A lookup by reference first: most keys repeat on every line.
-            let probe = (field, key.to_owned());
-            match found.get_mut(&probe) {
-                Some(entry) => entry.0 += 1,
-                None => {
-                    found.insert(probe, (1, line_no));
-                }
+            let keys = found.entry(field).or_default();
+            match keys.iter_mut().find(|(k, _, _)| k == key) {
+                Some(entry) => entry.1 += 1,
+                None => keys.push((key.to_owned(), 1, line_no)),
             }
         });
         Read::Line(line, millis)
@@ -707,7 +739,7 @@ impl<'o> Reader<'o> {
             // A blank line behind a `compose logs` prefix.
             return Ok(vec![Read::Skip]);
         }
-        if PYTHON_WARNING.is_match(body) {
+        if body.contains(".py:") && PYTHON_WARNING.is_match(body) {
             self.python.insert(stream.to_owned());
             return Ok(vec![Read::Skip]);
         }
@@ -745,7 +777,9 @@ impl<'o> Reader<'o> {
                 }
             };
         }
-        if let Some(captures) = CELERY_LINE.captures(body) {
+        if body.starts_with('[')
+            && let Some(captures) = CELERY_LINE.captures(body)
+        {
             self.banner = false;
             self.kind = "Celery";
             self.python.insert(stream.to_owned());
@@ -815,7 +849,9 @@ impl<'o> Reader<'o> {
             celery_in_json(&mut raw);
             return raw;
         }
-        if let Some(captures) = CELERY_LINE.captures(body) {
+        if body.starts_with('[')
+            && let Some(captures) = CELERY_LINE.captures(body)
+        {
             let stream = origin.worker.as_deref();
             if let Some(stream) = stream {
                 self.python.insert(stream.to_owned());
@@ -840,7 +876,8 @@ fn celery_in_json(raw: &mut Raw) {
         .iter()
         .find(|(k, _)| matches!(top_meaning(k), Some(Meaning::Message(2 | 3))))
         .map(|(_, v)| v.clone());
-    if let Some(message) = message {
+    // Celery's messages name a task in brackets or restore deliveries; others are not tried.
+    if let Some(message) = message.filter(|m| m.contains('[') || m.starts_with("Restoring")) {
         let mut extra = Vec::new();
         if celery_message(&message, &mut extra) {
             raw.fields.extend(

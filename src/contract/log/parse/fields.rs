@@ -134,12 +134,17 @@ pub fn canonical_field(key: &str) -> Option<&'static str> {
 }
 
 pub(super) fn meaning(key: &str) -> Option<Meaning> {
-    let folded: String = key
-        .chars()
-        .filter(char::is_ascii_alphanumeric)
-        .map(|c| c.to_ascii_lowercase())
-        .collect();
-    folded_meaning(&folded)
+    // Folded on the stack: this runs for every key of every line. No known name is longer.
+    let mut folded = [0u8; 32];
+    let mut length = 0;
+    for byte in key.bytes().filter(u8::is_ascii_alphanumeric) {
+        if length == folded.len() {
+            return None;
+        }
+        folded[length] = byte.to_ascii_lowercase();
+        length += 1;
+    }
+    folded_meaning(std::str::from_utf8(&folded[..length]).ok()?)
 }
 
 /// Objects in which loggers and exporters put a record's own fields: tracing's JSON format
@@ -172,6 +177,9 @@ pub(super) fn top_meaning(key: &str) -> Option<Meaning> {
 fn path_meaning(key: &str) -> Option<Meaning> {
     if let Some(found) = meaning(key) {
         return Some(found);
+    }
+    if !key.contains('.') {
+        return None;
     }
     let mut rest = key;
     while let Some((_, tail)) = rest.split_once('.') {

@@ -77,8 +77,12 @@ pub(super) fn split_source(text: &str) -> (Option<Source<'_>>, &str) {
         };
         return (Some(source), rest.as_str());
     }
-    if text.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-        && let Some(captures) = STERN_PREFIX.captures(text)
+    if text.split(' ').next().is_some_and(|first| {
+        is_pod_name(first)
+            && first
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    }) && let Some(captures) = STERN_PREFIX.captures(text)
         && let (Some(pod), Some(rest)) = (captures.get(1), captures.get(3))
         && is_pod_name(pod.as_str())
         && starts_a_record(rest.as_str())

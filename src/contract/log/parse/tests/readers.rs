@@ -379,3 +379,60 @@ fn only_one_requests_lines_are_kept_when_asked() {
     let parsed = read_with(log, &capped);
     assert_eq!((parsed.lines.len(), parsed.not_kept), (2, 3));
 }
+
+/// Lines of every platform shape, to be mutated.
+const SHAPES: &[&str] = &[
+    r#"{"__REALTIME_TIMESTAMP":"1786441202512930","PRIORITY":"4","_PID":"2211","_HOSTNAME":"gpu-a","MESSAGE":"request_id=r-31 status=acked"}"#,
+    r#"{"resourceLogs":[{"resource":{"attributes":[{"key":"k8s.pod.name","value":{"stringValue":"p"}}]},"scopeLogs":[{"logRecords":[{"timeUnixNano":"1786437600100000000","body":{"stringValue":"cache miss"},"attributes":[{"key":"request.id","value":{"stringValue":"q-1"}}]}]}]}]}"#,
+    r#"{"streams":[{"stream":{"host":"h-9"},"values":[["1786444800000000000","request_id=o-2 status=acked"]]}]}"#,
+    r#"{"labels":{"pod":"p-3"},"line":"request_id=o-3 status=job_received","timestamp":"2026-08-13T12:00:00Z"}"#,
+    r#"[pod/infer-v1-7c9d8f6b5-kq2xz/worker] 2026-08-11T07:40:02.1Z {"msg":"job acked","request_id":"r-1"}"#,
+    "infer-celery-7f9c6d5b8-h2kzt worker [2026-08-12 09:00:05,002: INFO/MainProcess] Task tasks.infer[t-1] received",
+    "time,host,message",
+    "2026-08-13T10:00:00.120Z,worker-1,\"received job request_id=p-5\"",
+    "{",
+    "  \"data\": {\"resultType\": \"streams\", \"result\": [",
+];
+
+fn mutated_shape() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+    use proptest::prelude::*;
+    (
+        proptest::sample::select(SHAPES.to_vec()),
+        proptest::collection::vec((any::<u16>(), 0u8..4, any::<u8>()), 0..6),
+    )
+        .prop_map(|(line, edits)| {
+            let mut bytes = line.as_bytes().to_vec();
+            for (at, kind, byte) in edits {
+                let at = usize::from(at) % (bytes.len() + 1);
+                match kind {
+                    0 => bytes.insert(at, byte),
+                    1 if at < bytes.len() => {
+                        bytes.remove(at);
+                    }
+                    2 => bytes.truncate(at),
+                    _ if at < bytes.len() => bytes[at] = byte,
+                    _ => {}
+                }
+            }
+            bytes
+        })
+}
+
+proptest::proptest! {
+    #[test]
+    fn platform_shapes_mutated_and_cut_anywhere_never_panic(
+        lines in proptest::collection::vec(mutated_shape(), 1..10),
+        capacity in 1usize..64,
+    ) {
+        let input = lines.join(&b'\n');
+        let parsed = parse_reader(std::io::BufReader::with_capacity(capacity, &input[..]), &Options::default())
+            .expect("a byte slice reads");
+        let count = input.split(|b| *b == b'\n').count();
+        proptest::prop_assert!(parsed.lines_read <= count);
+        proptest::prop_assert_eq!(parsed.bytes, input.len() as u64);
+        for malformed in &parsed.malformed {
+            proptest::prop_assert!(malformed.line_no >= 1 && malformed.line_no <= count);
+            proptest::prop_assert!(!malformed.reason.is_empty());
+        }
+    }
+}
