@@ -491,12 +491,14 @@ fn take(
     }
 }
 
-/// Whether a line concerns the request `only`: it names it (or an id a line linked to it), it
-/// names no request (a cutover, a worker's start or loss), or it is about the cache (an entry
-/// this request read may have been filled by another).
+/// Whether a line may concern the request `only`: it names it (or an id a line linked to it),
+/// it names no request id (a cutover, a worker's start or loss; or a job id that a later line
+/// may link to it, as Celery's `received` comes before the task's own line), or it is about the
+/// cache (an entry this request read may have been filled by another). Only lines of other
+/// requests, named by their request id, are left out.
 fn concerns(line: &LogLine, only: &str, linked: &mut HashSet<String>) -> bool {
     let ids = ["request_id", "job_id", "idempotency_key"].map(|k| line.get(k));
-    if ids.iter().all(Option::is_none) {
+    if ids[0].is_none() {
         return true;
     }
     let mine = ids

@@ -360,6 +360,7 @@ fn only_one_requests_lines_are_kept_when_asked() {
     let log = "request_id=a job_id=ja status=job_received\n\
                job_id=ja status=inference_succeeded\n\
                request_id=b job_id=jb status=job_received\n\
+               job_id=jz status=acked\n\
                worker_id=w status=worker_lost\n\
                request_id=c cache_key=inf:1 status=cache_miss\n";
     let options = Options {
@@ -371,13 +372,13 @@ fn only_one_requests_lines_are_kept_when_asked() {
         .iter()
         .map(|l| l.line_no)
         .collect();
-    assert_eq!(kept, vec![1, 2, 4, 5]);
+    assert_eq!(kept, vec![1, 2, 4, 5, 6]);
     let capped = Options {
         keep: 2,
         ..Options::default()
     };
     let parsed = read_with(log, &capped);
-    assert_eq!((parsed.lines.len(), parsed.not_kept), (2, 3));
+    assert_eq!((parsed.lines.len(), parsed.not_kept), (2, 4));
 }
 
 /// Lines of every platform shape, to be mutated.
