@@ -128,10 +128,10 @@ fn starts_a_record(rest: &str) -> bool {
     }
 }
 
-/// A leading RFC 3339 timestamp before a JSON record (`--timestamps`): the timestamp and the
-/// record.
+/// A leading RFC 3339 timestamp before a JSON record (`--timestamps`, or a log viewer's download
+/// of `TIMESTAMP<tab>LINE`): the timestamp and the record.
 pub(super) fn split_timestamp(body: &str) -> Option<(&str, &str)> {
-    let (first, rest) = body.split_once(' ')?;
+    let (first, rest) = body.split_once([' ', '\t'])?;
     let rest = rest.trim_start();
     if rest.starts_with('{')
         && first.len() >= 20

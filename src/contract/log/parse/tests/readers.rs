@@ -437,3 +437,11 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn a_viewers_download_puts_the_time_before_each_json_record() {
+    let parsed = read("2026-08-11T07:40:02.100Z\t{\"msg\":\"job acked\",\"request_id\":\"r-1\"}\n");
+    let line = only(&parsed);
+    assert_eq!(line.ts, "2026-08-11T07:40:02.100Z");
+    assert_eq!(line.status_word(), Some(Status::Acked));
+}
