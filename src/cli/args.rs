@@ -3,6 +3,7 @@
 //! value parsers), so a bad argument is refused before anything starts.
 
 use crate::contract::defect::Defect;
+use crate::contract::log::parse::FieldMap;
 use crate::env::images::Service;
 use crate::fault::FaultKind;
 use crate::schedule::search::DEFAULT_CONCURRENCY;
@@ -133,9 +134,17 @@ pub struct RunArgs {
 /// `racecert replay`.
 #[derive(Args)]
 pub struct ReplayArgs {
-    /// The log file.
+    /// The log file, in any shape teams export, detected per file and line: logfmt, JSON (nested,
+    /// camelCase, snake_case or dotted names) or Celery lines, behind `kubectl logs --prefix`,
+    /// `stern` or `docker compose logs` prefixes or not; journald JSON, OTLP JSON, Loki and
+    /// Grafana exports, CSV. Streamed: any size.
     #[arg(required_unless_present = "system")]
     pub file: Option<PathBuf>,
+    /// A field under the team's own name: NAME is the seed's (request_id, job_id, worker_id,
+    /// model_version, status, ...), PATH the key as the record spells it, nested keys joined with
+    /// dots (`--field request_id=ctx.rid`). Repeatable.
+    #[arg(long = "field", value_name = "NAME=PATH", value_parser = field_arg)]
+    pub fields: Vec<FieldMap>,
     /// A system description: with a log file, reproduce the log's diagnoses on that system
     /// with its framework's faults; without one, rerun one case of a system run (with --seed
     /// and --case, as its report prints).
@@ -160,6 +169,11 @@ pub struct ReplayArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
+}
+
+/// `--field NAME=PATH`: the message names the flag, the value and what NAME may be.
+pub fn field_arg(text: &str) -> std::result::Result<FieldMap, String> {
+    text.parse()
 }
 
 /// A shard `i/n` of a certification run.

@@ -6,7 +6,9 @@
 use super::args::{Format, ReplayArgs};
 use super::{NOTHING_RECONSTRUCTED, OnSignal, interrupted_code, json, verdict_code, with_bed};
 use crate::contract::defect::Defects;
+use crate::contract::log::parse::FieldMap;
 use crate::env::{TestBed, TestBedBuilder};
+use crate::replay::Analysis;
 use crate::runner::system::{SystemSettings, run_system};
 use crate::system::System;
 use crate::{Error, Result};
@@ -16,9 +18,10 @@ use std::process::ExitCode;
 /// Runs `racecert replay` with `args`.
 pub async fn run(args: ReplayArgs) -> Result<ExitCode> {
     let request = args.request.as_deref();
+    let fields = args.fields;
     match (args.system, args.file) {
         (Some(system), Some(file)) => {
-            on_system(&file, &system, args.seed, request, args.format).await
+            on_system(&file, &fields, &system, args.seed, request, args.format).await
         }
         (Some(system), None) => {
             let Some(case) = args.case else {
@@ -33,7 +36,14 @@ pub async fn run(args: ReplayArgs) -> Result<ExitCode> {
             super::certify::system(&system, settings, Path::new("target/racecert")).await
         }
         (None, Some(file)) => {
-            on_reference(&file, request, Defects::of(args.defects), args.format).await
+            on_reference(
+                &file,
+                &fields,
+                request,
+                Defects::of(args.defects),
+                args.format,
+            )
+            .await
         }
         (None, None) => Err(Error::Config(
             "racecert replay needs a log file, or --system FILE --case N".into(),
@@ -41,8 +51,9 @@ pub async fn run(args: ReplayArgs) -> Result<ExitCode> {
     }
 }
 
-fn read_log(file: &Path) -> Result<Vec<u8>> {
-    std::fs::read(file).map_err(|err| Error::io_at(file, err))
+/// Streams the log (bounded memory, any size) and diagnoses it.
+fn read_log(file: &Path, fields: &[FieldMap], request: Option<&str>) -> Result<Analysis> {
+    crate::replay::analyse_file(file, fields, request)
 }
 
 fn print(format: Format, text: String, json: String) {
@@ -56,6 +67,7 @@ fn print(format: Format, text: String, json: String) {
 /// faults of its framework that re-create them.
 async fn on_system(
     file: &Path,
+    fields: &[FieldMap],
     system_file: &Path,
     seed: u64,
     request: Option<&str>,
@@ -64,7 +76,7 @@ async fn on_system(
     // The description first: a file that cannot load is named with its line and column before
     // anything else happens.
     let system = System::load(system_file)?;
-    let analysis = crate::replay::analyse(&read_log(file)?, request);
+    let analysis = read_log(file, fields, request)?;
     if analysis.reconstruction.requests.is_empty() {
         print(format, analysis.text(), json(&analysis)?);
         eprintln!(
@@ -120,11 +132,12 @@ async fn on_system(
 /// `replay LOG`: the diagnoses reproduced against the reference worker.
 async fn on_reference(
     file: &Path,
+    fields: &[FieldMap],
     request: Option<&str>,
     defects: Defects,
     format: Format,
 ) -> Result<ExitCode> {
-    let analysis = crate::replay::analyse(&read_log(file)?, request);
+    let analysis = read_log(file, fields, request)?;
     if analysis.reconstruction.requests.is_empty() || analysis.findings.is_empty() {
         print(format, analysis.text(), json(&analysis)?);
         if analysis.reconstruction.requests.is_empty() {

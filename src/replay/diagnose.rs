@@ -5,6 +5,8 @@
 //! Why one file of ~1,000 lines: one function per root cause, all reading the same
 //! reconstruction with the same helpers; a cause is found by its name here, and each is short.
 
+mod drain;
+
 use super::story::{Attempt, Event, Reconstruction, RequestStory};
 use crate::contract::log::Status;
 use serde::Serialize;
@@ -44,11 +46,14 @@ pub enum Cause {
     AckBeforeFinalWrite,
     /// A retry of a request ran under a new job id or idempotency key.
     NewJobIdPerRetry,
+    /// A worker on the old version took a request accepted after the cutover, or a worker took
+    /// a job after its own stop signal: the rollout did not drain it.
+    ImperfectDrain,
 }
 
 impl Cause {
     /// Every cause.
-    pub const ALL: [Cause; 13] = [
+    pub const ALL: [Cause; 14] = [
         Cause::MultipleWorkers,
         Cause::LateWrite,
         Cause::VersionSkew,
@@ -62,6 +67,7 @@ impl Cause {
         Cause::LostJob,
         Cause::AckBeforeFinalWrite,
         Cause::NewJobIdPerRetry,
+        Cause::ImperfectDrain,
     ];
 
     /// kebab-case name, stable across releases.
@@ -80,6 +86,7 @@ impl Cause {
             Cause::LostJob => "lost-job",
             Cause::AckBeforeFinalWrite => "ack-before-final-write",
             Cause::NewJobIdPerRetry => "new-job-id-per-retry",
+            Cause::ImperfectDrain => "imperfect-drain",
         }
     }
 
@@ -120,6 +127,9 @@ impl Cause {
             }
             Cause::NewJobIdPerRetry => {
                 "the request id on lines of two attempts with different job ids or idempotency keys"
+            }
+            Cause::ImperfectDrain => {
+                "a cutover naming the new version and a later receipt or execution by a worker on another version of a request first seen after it; or a worker's stop signal (SIGTERM, warm shutdown, draining) and a later receipt by that worker"
             }
         }
     }
@@ -236,6 +246,7 @@ pub fn diagnose(reconstruction: &Reconstruction) -> Vec<Finding> {
         lost_job(reconstruction, story, &mut findings);
         ack_before_final_write(reconstruction, story, &mut findings);
         new_job_id_per_retry(story, &mut findings);
+        drain::imperfect_drain(reconstruction, story, &mut findings);
     }
     let versions = known_versions(reconstruction);
     cross_version_cache(reconstruction, &versions, &mut findings);
@@ -851,7 +862,15 @@ fn cross_version_cache(
         }
     }
     for (story, attempt, hit, key) in hits(reconstruction) {
-        let mine = attempt.model_version.as_deref();
+        // The reader's version: its own, else the one active when it read (a worker that does
+        // not log its version serves the active one).
+        let mine = attempt.model_version.as_deref().or_else(|| {
+            reconstruction
+                .cutovers
+                .iter()
+                .rfind(|c| c.seq < hit.seq)
+                .and_then(|c| c.to.as_deref())
+        });
         let filler = key.and_then(|k| fillers.get(k)).and_then(|fills| {
             fills.iter().find(|(_, filler, fill)| {
                 fill.seq < hit.seq

@@ -123,7 +123,11 @@ pub fn shape_of(cause: Cause, lease_evidence: bool) -> (Shape, Invariant) {
             Shape::LeaseExpiresWhileRunning,
             Invariant::AtMostOneFinalWrite,
         ),
-        Cause::VersionSkew => (Shape::CutoverMidFlight, Invariant::ResultNamesItsVersion),
+        // An old worker that took a job after the cutover runs it on its old version: the same
+        // cutover around a running attempt re-creates what it stores.
+        Cause::VersionSkew | Cause::ImperfectDrain => {
+            (Shape::CutoverMidFlight, Invariant::ResultNamesItsVersion)
+        }
         Cause::CrossVersionCache | Cause::UnversionedCacheKey => {
             (Shape::ReadAfterCutover, Invariant::NoStaleCacheRead)
         }

@@ -2,8 +2,8 @@
 //! lines, and per cause the schedule that re-creates it and how each run came out. Long logs are
 //! summarised (the JSON report carries everything).
 
-use super::Analysis;
 use super::reproduce::{Outcome, ReplayReport, Run, Verdict};
+use super::{Analysis, parse};
 use std::fmt::Write as _;
 
 /// Stories shown in full before the rest are counted.
@@ -13,31 +13,139 @@ const FINDINGS_SHOWN: usize = 5;
 /// Malformed lines listed.
 const MALFORMED_SHOWN: usize = 20;
 
+/// Found fields listed per seed field.
+const KEYS_SHOWN: usize = 3;
+/// Records listed as ambiguous.
+const AMBIGUOUS_SHOWN: usize = 10;
+
 impl Analysis {
-    /// Human-readable story and diagnosis.
-    pub fn text(&self) -> String {
-        let mut out = String::new();
+    /// What was read: counts, shapes, where each field was found, what could not be used.
+    fn reading_text(&self, out: &mut String) {
+        let reading = &self.reading;
+        let shapes: Vec<String> = reading
+            .shapes
+            .iter()
+            .map(|(shape, n)| format!("{shape} ({n})"))
+            .collect();
         let _ = writeln!(
             out,
-            "read {} relevant line(s), {} unrelated, {} malformed",
+            "read {} relevant line(s), {} unrelated, {} malformed{}",
             self.lines,
             self.unrelated,
-            self.malformed.len()
+            reading.malformed_count,
+            if shapes.is_empty() {
+                String::new()
+            } else {
+                format!("; shapes: {}", shapes.join(", "))
+            }
         );
+        let mut fields: Vec<String> = Vec::new();
+        for found in &reading.found {
+            let same: Vec<&parse::Found> = reading
+                .found
+                .iter()
+                .filter(|f| f.field == found.field)
+                .collect();
+            if !std::ptr::eq(same[0], found) {
+                continue;
+            }
+            let keys: Vec<String> = same
+                .iter()
+                .take(KEYS_SHOWN)
+                .map(|f| {
+                    if f.key == f.field {
+                        format!("{} ({} from line {})", f.key, f.records, f.first_line)
+                    } else {
+                        format!("`{}` ({} from line {})", f.key, f.records, f.first_line)
+                    }
+                })
+                .collect();
+            fields.push(format!("{} <- {}", found.field, keys.join(", ")));
+        }
+        if !fields.is_empty() {
+            let _ = writeln!(out, "fields found:");
+            for field in fields {
+                let _ = writeln!(out, "  {field}");
+            }
+        }
+        for container in &reading.containers {
+            let _ = writeln!(
+                out,
+                "line {} holds {} records ({}), numbered {} to {}; the lines after it are numbered on from there",
+                container.line,
+                container.records,
+                container.shape,
+                container.first,
+                container.first + container.records - 1
+            );
+        }
         for malformed in self.malformed.iter().take(MALFORMED_SHOWN) {
             let _ = writeln!(
                 out,
-                "  malformed line {}: {}",
-                malformed.line_no, malformed.reason
+                "  malformed line {}: {}{}",
+                malformed.line_no,
+                malformed.reason,
+                if malformed.text.is_empty() {
+                    String::new()
+                } else {
+                    format!("; it looked like: {}", malformed.text)
+                }
             );
         }
-        if self.malformed.len() > MALFORMED_SHOWN {
+        if reading.malformed_count > MALFORMED_SHOWN {
             let _ = writeln!(
                 out,
                 "  ... and {} more malformed line(s)",
-                self.malformed.len() - MALFORMED_SHOWN
+                reading.malformed_count - MALFORMED_SHOWN.min(self.malformed.len())
             );
         }
+        for sample in &reading.unrelated_samples {
+            let _ = writeln!(
+                out,
+                "  unused line {} ({}): {}",
+                sample.line_no, sample.reason, sample.text
+            );
+        }
+        if !reading.unrelated_samples.is_empty() {
+            let _ = writeln!(
+                out,
+                "  (if these carry the request under a name of your own, map it: --field request_id=PATH)"
+            );
+        }
+        if let Some((_, workers)) = reading.ambiguous.first() {
+            let lines: Vec<String> = reading
+                .ambiguous
+                .iter()
+                .take(AMBIGUOUS_SHOWN)
+                .map(|(line, _)| line.to_string())
+                .collect();
+            let _ = writeln!(
+                out,
+                "attribution ambiguous on {} line(s) ({}{}): two workers' output is interleaved with nothing to tell them apart ({}); their lines are kept as one unnamed worker's, each receive its own attempt, never joined to an attempt that had ended",
+                reading.ambiguous.len(),
+                lines.join(", "),
+                if reading.ambiguous.len() > AMBIGUOUS_SHOWN {
+                    ", ..."
+                } else {
+                    ""
+                },
+                workers.replace('|', " or ")
+            );
+        }
+        if reading.not_kept > 0 {
+            let _ = writeln!(
+                out,
+                "{} more relevant line(s) were read but not kept (over {} kept lines): narrow with --request ID",
+                reading.not_kept,
+                parse::MAX_KEPT
+            );
+        }
+    }
+
+    /// Human-readable story and diagnosis.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        self.reading_text(&mut out);
         let reconstruction = &self.reconstruction;
         for story in reconstruction.requests.iter().take(STORIES_SHOWN) {
             let _ = writeln!(out, "request {}:", story.request_id);

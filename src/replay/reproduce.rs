@@ -41,7 +41,7 @@ pub fn defects_for(cause: Cause, shape: Shape) -> Vec<Defect> {
                 vec![Defect::UnfencedFinalWrite]
             }
         }
-        Cause::VersionSkew => vec![Defect::RereadActiveVersion],
+        Cause::VersionSkew | Cause::ImperfectDrain => vec![Defect::RereadActiveVersion],
         Cause::CrossVersionCache | Cause::UnversionedCacheKey => {
             vec![Defect::UnversionedCacheKey]
         }

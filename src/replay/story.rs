@@ -380,6 +380,7 @@ pub fn reconstruct(parsed: &Parsed) -> Reconstruction {
                 status @ (Status::CacheInvalidated
                 | Status::WorkerStarted
                 | Status::WorkerLost
+                | Status::StopRequested
                 | Status::DeliveriesRestored),
             ) if request.is_none() || status == Status::CacheInvalidated => {
                 reconstruction.marks.push(Mark {
@@ -417,7 +418,15 @@ pub fn reconstruct(parsed: &Parsed) -> Reconstruction {
             continue;
         };
         let process = field(line, "process").filter(|p| *p != "MainProcess");
-        let at = attempt_for(story, worker, number, process, word, event.returned);
+        let ambiguous = line.get("attribution") == Some("ambiguous");
+        let at = attempt_for(
+            story,
+            worker,
+            number,
+            process,
+            word,
+            event.returned && !ambiguous,
+        );
         let attempt = &mut story.attempts[at];
         let fill = |slot: &mut Option<String>, value: Option<&str>| {
             if slot.is_none() {
@@ -541,7 +550,8 @@ fn attempt_for(
             return i;
         }
         // Celery's `succeeded in` comes after the task's own last line ended the attempt: it is
-        // that attempt's, the last one that ran on this process.
+        // that attempt's, the last one that ran on this process (not when the worker is two
+        // workers that cannot be told apart: their process names repeat).
         if returned
             && let Some(&i) = mine
                 .iter()

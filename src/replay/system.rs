@@ -61,7 +61,9 @@ pub fn faults_for(
             vec![ForcedRestore, VisibilityOutlived, PrefetchRestore],
             DUPLICATE,
         )),
-        (Framework::Celery, VersionSkew) => Ok((vec![ForcedRestore, VisibilityOutlived], SKEW)),
+        (Framework::Celery, VersionSkew | ImperfectDrain) => {
+            Ok((vec![ForcedRestore, VisibilityOutlived], SKEW))
+        }
         // A crash: Celery acks a killed pool child's message; a killed main process's delivery
         // waits for the visibility timeout.
         (Framework::Celery, LostJob) => Ok((vec![KillPoolChild, KillMain], LOST)),
@@ -75,7 +77,7 @@ pub fn faults_for(
             | LateWrite
             | MultipleFinalWrites,
         ) => Ok((vec![HeartbeatMiss], DUPLICATE)),
-        (Framework::Apalis, VersionSkew) => Ok((vec![HeartbeatMiss], SKEW)),
+        (Framework::Apalis, VersionSkew | ImperfectDrain) => Ok((vec![HeartbeatMiss], SKEW)),
         (Framework::Apalis | Framework::Custom, LostJob | AckBeforeFinalWrite) => {
             Ok((vec![KillMain], LOST))
         }
@@ -86,7 +88,8 @@ pub fn faults_for(
             | RetryWhileRunning
             | LateWrite
             | MultipleFinalWrites
-            | VersionSkew,
+            | VersionSkew
+            | ImperfectDrain,
         ) => Err(
             "a `custom` system has no redelivery racecert can force (no framework preset): only kill-main applies, which re-creates a lost job, not a second attempt",
         ),

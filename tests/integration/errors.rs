@@ -196,7 +196,7 @@ async fn a_log_with_no_inference_request_says_so(_bed: &TestBed) -> anyhow::Resu
 }
 
 async fn bad_flags_are_refused_naming_the_flag(_bed: &TestBed) -> anyhow::Result<()> {
-    let rows: [(&[&str], &[&str]); 6] = [
+    let rows: [(&[&str], &[&str]); 7] = [
         (&["certify", "--cases", "0"], &["--cases"]),
         (&["certify", "--shard", "3/2"], &["--shard", "3/2"]),
         (&["certify", "--concurrency", "0"], &["--concurrency"]),
@@ -215,6 +215,10 @@ async fn bad_flags_are_refused_naming_the_flag(_bed: &TestBed) -> anyhow::Result
             &["--worker-cmd", "--suite"],
         ),
         (&["run", "full-rollout", "--case", "x"], &["--case", "'x'"]),
+        (
+            &["replay", "x.log", "--field", "request=ctx.rid"],
+            &["--field", "request=ctx.rid", "request_id"],
+        ),
     ];
     for (index, (args, needles)) in rows.into_iter().enumerate() {
         let mut args = args.to_vec();

@@ -82,6 +82,9 @@ pub enum Status {
     WorkerStarted,
     /// A worker process died (killed, crashed) with whatever it held.
     WorkerLost,
+    /// The worker was told to stop (a SIGTERM, Celery's warm shutdown, a drain): from here on it
+    /// should take no new job, only finish the ones it holds.
+    StopRequested,
     /// The attempt failed and the failure was recorded: the job ends FAILED (a framework's
     /// `raised unexpected`), unlike [`Status::UpstreamFailed`], after which it is redelivered.
     JobFailed,
@@ -94,7 +97,7 @@ pub enum Status {
 
 impl Status {
     /// Every status word.
-    pub const ALL: [Status; 30] = [
+    pub const ALL: [Status; 31] = [
         Status::JobReceived,
         Status::RetryDispatched,
         Status::LeaseAcquired,
@@ -122,6 +125,7 @@ impl Status {
         Status::CacheInvalidated,
         Status::WorkerStarted,
         Status::WorkerLost,
+        Status::StopRequested,
         Status::JobFailed,
         Status::RetryScheduled,
         Status::DeliveriesRestored,
@@ -157,6 +161,7 @@ impl Status {
             Status::CacheInvalidated => "cache_invalidated",
             Status::WorkerStarted => "worker_started",
             Status::WorkerLost => "worker_lost",
+            Status::StopRequested => "stop_requested",
             Status::JobFailed => "job_failed",
             Status::RetryScheduled => "retry_scheduled",
             Status::DeliveriesRestored => "deliveries_restored",
@@ -311,7 +316,21 @@ pub fn timestamp_now() -> String {
 
 /// Formats a timestamp as the seed's logs do: UTC, milliseconds, `Z`.
 pub fn format_timestamp(ts: jiff::Timestamp) -> String {
-    ts.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+    // By hand, not strftime: `racecert replay` formats one per line of a log of any size.
+    let at = jiff::tz::Offset::UTC.to_datetime(ts);
+    let mut out = String::with_capacity(24);
+    let _ = write!(
+        out,
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        at.year(),
+        at.month(),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second(),
+        at.millisecond()
+    );
+    out
 }
 
 #[cfg(test)]

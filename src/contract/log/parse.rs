@@ -1,44 +1,71 @@
-//! Reading incident logs as teams write them, one line at a time, in any of:
-//! - logfmt in the seed's shape (`TIMESTAMP LEVEL key=value ...`), bare words kept as the message,
-//!   Python's `YYYY-MM-DD HH:MM:SS,mmm` accepted as the leading timestamp;
-//! - one JSON object per line, nested objects flattened with dotted keys (`{"request":{"id":..}}`
-//!   is `request.id`);
-//! - Celery's worker format (`[2026-06-26 10:15:21,104: INFO/MainProcess] Task tasks.infer[ID]
-//!   received`, `succeeded in 12.3s: ..`, `raised unexpected: ..`, `retry: Retry in 5s`,
-//!   `Restoring N unacknowledged message(s)`, `celery@host ready.`, task-logger lines), with its
-//!   start banner and tracebacks skipped; in a stream that has shown Celery's or Python's
-//!   format (per prefix), a line that is no record is the continuation of a multi-line message
-//!   (Python `warnings` output, Celery's connection-loss notices) and is skipped, not malformed;
+//! Reading incident logs as teams' platforms export them, streamed line by line in bounded
+//! memory, the shape detected per file and per line:
+//! - lines: logfmt in the seed's shape ([`logfmt`]), JSON objects ([`records`]: nested objects,
+//!   camelCase, snake_case and dotted names), Celery's worker format ([`celery`]), each
+//!   optionally behind an orchestrator's prefix ([`prefix`]: `kubectl logs --prefix`, `stern`,
+//!   `docker compose logs`);
+//! - platform exports whose records carry the program's line inside ([`records`]): journald
+//!   JSON, OTLP JSON from the OpenTelemetry collector, Loki's API responses and `logcli` lines,
+//!   Grafana data frames (one JSON object per line, or one pretty-printed document);
+//! - CSV exports with a header row ([`table`]).
 //!
-//! Why one file of ~1,000 lines: one reader per line shape (logfmt, JSON, Celery's formats) and the
-//! field-spelling table they share; a line is tried against each in turn, in one place.
+//! Every record becomes a [`LogLine`] in the seed's vocabulary ([`fields`]: spellings folded,
+//! `--field NAME=PATH` maps applied, timestamps as RFC 3339 UTC with milliseconds; [`words`]:
+//! free text mapped to a [`Status`] word when exactly one known phrasing names it). A record is
+//! numbered by its line; the records of a container line (an OTLP batch, a Loki response) are
+//! numbered one after another from it, and the lines after it move up by as many, which
+//! [`Parsed::containers`] lists so a report can say so.
 //!
-//! each optionally behind a `docker compose logs` (`NAME | `) or `kubectl logs --prefix`
-//! (`[pod/NAME/CONTAINER] `) prefix, which names the worker when the line does not.
-//!
-//! Every line becomes a [`LogLine`] in the seed's vocabulary: common spellings of a field take the
-//! seed's name ([`canonical_field`]: `requestId`, `req_id` and `request.id` are `request_id`,
-//! `task_id` is `job_id`, `retries` is `attempt` minus one, ...), timestamps become RFC 3339 UTC
-//! with milliseconds, and a status or free-text message becomes a [`Status`] word when exactly one
-//! known phrasing names it ([`status_of`]); otherwise the raw text stays. A Celery task id is the
-//! job id and the worker is Celery's hostname (from the start line or the prefix) with the pool
-//! process kept under `process`. Timestamps without a zone (Python's `asctime`) are read as UTC.
-//!
-//! A line that is none of these is counted as malformed with its number and the reason; the parser
-//! never panics, whatever the bytes.
+//! A line that is none of these is counted as malformed with its number, the reason and what it
+//! looked like; bytes that are not UTF-8, lines over [`MAX_LINE`], truncated records and random
+//! bytes are malformed lines, never a panic or a hang.
 
-use super::{Level, LogLine, Status, format_timestamp};
+mod celery;
+mod fields;
+mod logfmt;
+mod prefix;
+mod records;
+mod stream;
+mod table;
+mod words;
+
+pub use fields::{FieldMap, canonical_field, read_timestamp};
+pub use words::status_of;
+
+#[cfg(test)]
+use super::{Level, format_timestamp};
+use super::{LogLine, Status};
+use celery::{CELERY_BANNER, CELERY_LINE, celery_message};
+use fields::{Meaning, Raw, canonical, level_of, top_meaning};
+use logfmt::logfmt;
+use records::{Entry, Json, Origin};
 use regex::Regex;
-use std::collections::HashMap;
+use serde::Serialize;
+use std::collections::{HashMap, HashSet};
+use std::io::BufRead;
 use std::sync::LazyLock;
+use stream::{Lines, Next};
+use table::Table;
 
 /// Lines longer than this are refused (a log line is not a data dump).
 pub const MAX_LINE: usize = 64 * 1024;
+/// Relevant lines kept for the stories by default; later ones are counted, not kept, so a log of
+/// any size is read in bounded memory (`--request` narrows what is kept instead).
+pub const MAX_KEPT: usize = 250_000;
+/// Malformed lines listed (every one is counted).
+pub const MAX_MALFORMED: usize = 1_000;
+/// A pretty-printed JSON export (one document, not one record per line) larger than this is
+/// refused: it must be held whole to be parsed.
+pub const MAX_DOCUMENT: usize = 256 << 20;
+/// Unrelated lines shown as samples.
+const UNRELATED_SAMPLES: usize = 3;
+/// Characters of a line shown in a sample.
+const EXCERPT: usize = 120;
 
 /// One parsed line and where it came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParsedLine {
-    /// 1-based line number in the input.
+    /// 1-based line number in the input (records of a container numbered on from their line).
     pub line_no: usize,
     /// The line, in the seed's vocabulary.
     pub line: LogLine,
@@ -46,14 +73,43 @@ pub struct ParsedLine {
     pub millis: Option<i64>,
 }
 
-/// A line that could not be read, and why.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+/// A line that could not be used, why, and what it looked like.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Malformed {
     /// 1-based line number.
     #[serde(rename = "line")]
     pub line_no: usize,
     /// Why.
     pub reason: String,
+    /// Its first characters, escaped (control characters and invalid bytes visible).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub text: String,
+}
+
+/// Where a seed field was found: under which key, on how many records, first on which line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Found {
+    /// The seed's name (`request_id`, `status`, `ts`, ...).
+    pub field: &'static str,
+    /// The key as the log spells it (`fields.requestId`, `MESSAGE`, `k8s.pod.name`).
+    pub key: String,
+    /// Records it was read from.
+    pub records: usize,
+    /// The first line it was read on.
+    pub first_line: usize,
+}
+
+/// A line (or a document) holding several records, numbered from `first`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Container {
+    /// The line it starts on.
+    pub line: usize,
+    /// The number of its first record.
+    pub first: usize,
+    /// Its records.
+    pub records: usize,
+    /// What it is (`OTLP JSON`, `Loki query response`, ...).
+    pub shape: &'static str,
 }
 
 /// What a log file held.
@@ -61,493 +117,534 @@ pub struct Malformed {
 pub struct Parsed {
     /// Lines with a status, a request id, a job id or an idempotency key.
     pub lines: Vec<ParsedLine>,
-    /// Lines that could not be read.
+    /// Lines that could not be read (the first [`MAX_MALFORMED`]).
     pub malformed: Vec<Malformed>,
+    /// Lines that could not be read, all counted.
+    pub malformed_count: usize,
     /// Well-formed lines unrelated to inference requests (no id and no status), and the lines of
     /// a Celery banner or traceback.
     pub unrelated: usize,
+    /// A few unrelated records, as samples of what the log says that racecert did not use.
+    pub unrelated_samples: Vec<Malformed>,
     /// Blank lines.
     pub blank: usize,
+    /// Where each seed field was found.
+    pub found: Vec<Found>,
+    /// The shapes read, with their line counts, most lines first (`stern › Celery`, `OTLP JSON`).
+    pub shapes: Vec<(String, usize)>,
+    /// Lines holding several records.
+    pub containers: Vec<Container>,
+    /// Records whose worker could not be told apart (two workers' output interleaved).
+    pub ambiguous: Vec<(usize, String)>,
+    /// Relevant records read but not kept (over the limit of kept lines).
+    pub not_kept: usize,
+    /// Physical lines read.
+    pub lines_read: usize,
+    /// Bytes read.
+    pub bytes: u64,
 }
 
-/// Parses a whole log (any bytes).
-pub fn parse(bytes: &[u8]) -> Parsed {
-    let mut parsed = Parsed::default();
-    let mut reader = Reader::default();
-    let segments: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
-    let last = segments.len().saturating_sub(1);
-    for (index, raw) in segments.into_iter().enumerate() {
-        let line_no = index + 1;
-        let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
-        if raw.iter().all(u8::is_ascii_whitespace) {
-            // What follows the final newline is not a line.
-            if index != last || !raw.is_empty() {
-                parsed.blank += 1;
-            }
-            continue;
-        }
-        if raw.len() > MAX_LINE {
-            parsed.malformed.push(Malformed {
+impl Parsed {
+    fn malformed(&mut self, line_no: usize, reason: String, text: &[u8]) {
+        self.malformed_count += 1;
+        if self.malformed.len() < MAX_MALFORMED {
+            self.malformed.push(Malformed {
                 line_no,
-                reason: format!("line of {} bytes exceeds {MAX_LINE}", raw.len()),
+                reason,
+                text: excerpt(text),
             });
-            continue;
-        }
-        let Ok(text) = std::str::from_utf8(raw) else {
-            parsed.malformed.push(Malformed {
-                line_no,
-                reason: "not UTF-8 text".into(),
-            });
-            continue;
-        };
-        match reader.read(text) {
-            Ok(Read::Line(line, millis)) => {
-                let relevant = ["request_id", "job_id", "idempotency_key", "status"]
-                    .iter()
-                    .any(|k| line.get(k).is_some());
-                if relevant {
-                    parsed.lines.push(ParsedLine {
-                        line_no,
-                        line,
-                        millis,
-                    });
-                } else {
-                    parsed.unrelated += 1;
-                }
-            }
-            Ok(Read::Skip) => parsed.unrelated += 1,
-            Err(reason) => parsed.malformed.push(Malformed { line_no, reason }),
         }
     }
-    parsed
+}
+
+/// The first characters of a line, escaped so that control characters and invalid bytes show.
+fn excerpt(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(EXCERPT * 4)]);
+    let mut out: String = text
+        .chars()
+        .take(EXCERPT)
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect();
+    if text.chars().count() > EXCERPT {
+        out.push('…');
+    }
+    out
+}
+
+/// How to read: the team's own field names, and how many relevant lines to keep.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `--field NAME=PATH` maps.
+    pub fields: Vec<FieldMap>,
+    /// Relevant lines kept at most.
+    pub keep: usize,
+    /// Keep only the lines of this request (by request id, job id or idempotency key), the
+    /// lines naming no request (cutovers, worker starts and losses) and cache lines (a cache
+    /// entry read by this request may have been filled by another).
+    pub only: Option<String>,
+    /// Keep of each line only the fields a story is told from ([`STORY_FIELDS`]): a kept line
+    /// then costs a few hundred bytes, whatever the record carried.
+    pub compact: bool,
+}
+
+/// The fields the stories and diagnoses read; the rest of a line is its own business.
+pub const STORY_FIELDS: &[&str] = &[
+    "request_id",
+    "job_id",
+    "idempotency_key",
+    "worker_id",
+    "process",
+    "model_version",
+    "backend_endpoint",
+    "cache_key",
+    "attempt",
+    "status",
+    "write",
+    "runtime_s",
+    "served_model_version",
+    "cached_model_version",
+    "previous_model_version",
+    "new_model_version",
+    "attribution",
+];
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            fields: Vec::new(),
+            keep: MAX_KEPT,
+            only: None,
+            compact: false,
+        }
+    }
+}
+
+/// Parses a whole log held in memory (any bytes).
+pub fn parse(bytes: &[u8]) -> Parsed {
+    parse_reader(bytes, &Options::default())
+        .unwrap_or_else(|err| unreachable!("reading a byte slice cannot fail: {err}"))
+}
+
+/// Parses a log from a reader, line by line: memory is bounded by the lines kept, not by the
+/// log's size. Fails only when the reader does.
+pub fn parse_reader<R: BufRead>(input: R, options: &Options) -> std::io::Result<Parsed> {
+    let mut parsed = Parsed::default();
+    let mut reader = Reader::new(options);
+    let mut lines = Lines::new(input);
+    let mut state = State::default();
+    loop {
+        let next = lines.next_line()?;
+        parsed.lines_read = lines.number;
+        parsed.bytes = lines.bytes;
+        let line_no = lines.number;
+        if line_no == 1 && lines.line.starts_with(b"\xEF\xBB\xBF") {
+            // A byte-order mark (spreadsheet exports write one) is not part of the first line.
+            lines.line.drain(..3);
+        }
+        match next {
+            Next::End => break,
+            Next::TooLong(length) => {
+                parsed.malformed(
+                    line_no,
+                    format!("line of {length} bytes exceeds {MAX_LINE}"),
+                    b"",
+                );
+                continue;
+            }
+            Next::Line => {}
+        }
+        if state.mode.is_none() && !lines.line.iter().all(u8::is_ascii_whitespace) {
+            state.mode = Some(decide(&lines.line));
+            if state.mode == Some(Mode::Document) {
+                document(&mut lines, &mut reader, &mut parsed, options)?;
+                break;
+            }
+        }
+        let raw = std::mem::take(&mut lines.line);
+        one_line(&raw, line_no, &mut state, &mut reader, &mut parsed, options);
+        lines.line = raw;
+    }
+    if let Some(Mode::Table(table)) = &state.mode
+        && let Some((_, start)) = &table.pending
+    {
+        parsed.malformed(
+            *start,
+            "a CSV row whose quoted field is never closed".into(),
+            b"",
+        );
+    }
+    finish(&mut parsed, reader);
+    Ok(parsed)
 }
 
 /// Parses one line on its own (JSON, logfmt or Celery), with no knowledge of the lines before it.
 pub fn parse_line(text: &str) -> Result<LogLine, String> {
-    match Reader::default().read(text)? {
-        Read::Line(line, _) => Ok(line),
-        Read::Skip => Err("a Celery banner or traceback line, not a log record".into()),
+    let options = Options::default();
+    let mut reader = Reader::new(&options);
+    match reader.line(text)?.into_iter().next() {
+        Some(Read::Line(line, _)) => Ok(line),
+        _ => Err("a Celery banner or traceback line, not a log record".into()),
     }
 }
 
-/// The status word a status or message names, if exactly one does: the word itself in any
-/// spelling (`cache_hit`, `cache-hit`, `CacheHit`, `cache hit`), else a known phrasing
-/// (`served from cache`, `calling model backend`, `message acknowledged`, ...). Of several
-/// phrasings that match, the most specific (most words) wins; a tie between two statuses is
-/// ambiguous and gives `None`.
-pub fn status_of(text: &str) -> Option<Status> {
-    let words = words(text);
-    if words.is_empty() {
-        return None;
-    }
-    if words.len() <= 4 {
-        let joined = words.join("_");
-        if let Some(status) = Status::ALL.into_iter().find(|s| s.as_str() == joined) {
-            return Some(status);
-        }
-    }
-    let mut best: Option<(usize, Status)> = None;
-    let mut tied = false;
-    for (status, phrasings) in PHRASINGS {
-        for phrasing in *phrasings {
-            if !phrasing.iter().all(|w| words.iter().any(|x| x == w)) {
-                continue;
-            }
-            match best {
-                Some((len, other)) if len == phrasing.len() && other != *status => tied = true,
-                Some((len, _)) if len >= phrasing.len() => {}
-                _ => {
-                    best = Some((phrasing.len(), *status));
-                    tied = false;
-                }
-            }
-        }
-    }
-    if tied { None } else { best.map(|(_, s)| s) }
+/// How the file is read, decided on its first line that is not blank.
+#[derive(Debug, Clone)]
+enum Mode {
+    /// One record (or one container) per line.
+    Lines,
+    /// A CSV export with this header.
+    Table(Table),
+    /// One JSON document over many lines.
+    Document,
 }
 
-/// Known phrasings of each status word: every word of one phrasing must appear in the text (in
-/// any order). Words are lower case; `words` splits camelCase and punctuation.
-const PHRASINGS: &[(Status, &[&[&str]])] = &[
-    (
-        Status::JobReceived,
-        &[&["received"], &["dequeued"], &["picked", "up"]],
-    ),
-    (
-        Status::RetryDispatched,
-        &[
-            &["retry", "dispatched"],
-            &["redelivered"],
-            &["redelivery"],
-            &["retry", "started"],
-            &["retry", "received"],
-        ],
-    ),
-    (
-        Status::LeaseAcquired,
-        &[
-            &["lease", "acquired"],
-            &["lock", "acquired"],
-            &["acquired", "lease"],
-            &["acquired", "lock"],
-        ],
-    ),
-    (
-        Status::DuplicateSkipped,
-        &[
-            &["duplicate"],
-            &["already", "running"],
-            &["already", "in", "progress"],
-        ],
-    ),
-    (
-        Status::AlreadyCompleted,
-        &[
-            &["already", "completed"],
-            &["already", "succeeded"],
-            &["already", "done"],
-        ],
-    ),
-    (
-        Status::JobTaken,
-        &[&["job", "taken"], &["marked", "in", "progress"]],
-    ),
-    (Status::VersionDeclined, &[&["declined"]]),
-    (
-        Status::CacheHit,
-        &[&["cache", "hit"], &["served", "from", "cache"]],
-    ),
-    (Status::CacheMiss, &[&["cache", "miss"]]),
-    (
-        Status::InferenceStarted,
-        &[
-            &["inference", "started"],
-            &["started", "inference"],
-            &["calling", "model"],
-            &["calling", "backend"],
-            &["model", "call", "started"],
-        ],
-    ),
-    (
-        Status::TimeoutWaitingUpstream,
-        &[
-            &["timeout", "waiting"],
-            &["timed", "out", "waiting"],
-            &["upstream", "timeout"],
-            &["still", "waiting"],
-        ],
-    ),
-    (
-        Status::UpstreamFailed,
-        &[
-            &["upstream", "failed"],
-            &["backend", "failed"],
-            &["backend", "error"],
-            &["inference", "failed"],
-            &["model", "call", "failed"],
-        ],
-    ),
-    (
-        Status::CacheWritten,
-        &[
-            &["cache", "written"],
-            &["cache", "set"],
-            &["cached", "result"],
-            &["wrote", "cache"],
-        ],
-    ),
-    (
-        Status::InferenceSucceeded,
-        &[
-            &["inference", "succeeded"],
-            &["succeeded"],
-            &["result", "stored"],
-            &["result", "written"],
-            &["wrote", "result"],
-            &["completed", "successfully"],
-        ],
-    ),
-    (
-        Status::LateSuccess,
-        &[&["late", "success"], &["late", "result", "written"]],
-    ),
-    (
-        Status::OverwriteDetected,
-        &[&["overwrite"], &["overwrote"], &["overwritten"]],
-    ),
-    (
-        Status::LateWriteRejected,
-        &[
-            &["late", "write", "rejected"],
-            &["write", "rejected"],
-            &["stale", "write", "rejected"],
-        ],
-    ),
-    (Status::DiscardedLateResult, &[&["discarded"]]),
-    (
-        Status::Acked,
-        &[
-            &["acked"],
-            &["acknowledged"],
-            &["ack", "sent"],
-            &["message", "deleted"],
-        ],
-    ),
-    (Status::LeftForRedelivery, &[&["left", "for", "redelivery"]]),
-    (
-        Status::LeaseReleased,
-        &[&["lease", "released"], &["lock", "released"]],
-    ),
-    (
-        Status::LeaseLost,
-        &[
-            &["lease", "lost"],
-            &["lock", "lost"],
-            &["lease", "expired"],
-            &["lock", "expired"],
-        ],
-    ),
-    (Status::AttemptError, &[&["attempt", "error"]]),
-    (
-        Status::Cutover,
-        &[
-            &["cutover"],
-            &["rollout", "started"],
-            &["switched", "active"],
-            &["active", "version", "switched"],
-            &["traffic", "switched"],
-        ],
-    ),
-    (
-        Status::CacheInvalidated,
-        &[
-            &["cache", "invalidated"],
-            &["cache", "invalidation", "finished"],
-            &["cache", "invalidation", "done"],
-            &["cache", "invalidation", "complete"],
-            &["cache", "invalidation", "completed"],
-            &["cache", "flushed"],
-            &["cache", "purged"],
-        ],
-    ),
-    (
-        Status::WorkerStarted,
-        &[
-            &["worker", "started"],
-            &["worker", "ready"],
-            &["worker", "online"],
-            &["starting", "worker"],
-        ],
-    ),
-    (
-        Status::WorkerLost,
-        &[
-            &["worker", "lost"],
-            &["worker", "crashed"],
-            &["worker", "killed"],
-            &["exited", "prematurely"],
-            &["exited", "with", "signal"],
-        ],
-    ),
-    (
-        Status::JobFailed,
-        &[
-            &["job", "failed"],
-            &["task", "failed"],
-            &["raised", "unexpected"],
-        ],
-    ),
-    (
-        Status::RetryScheduled,
-        &[
-            &["retry", "scheduled"],
-            &["scheduling", "retry"],
-            &["will", "retry"],
-            &["retry", "in"],
-        ],
-    ),
-    (
-        Status::DeliveriesRestored,
-        &[
-            &["restoring", "unacknowledged"],
-            &["restored", "unacknowledged"],
-        ],
-    ),
-];
-
-/// Lower-case words of a text: split at anything not alphanumeric and at camelCase humps. At
-/// most 64 words: a status is said in the first few.
-fn words(text: &str) -> Vec<String> {
-    let mut words: Vec<String> = Vec::new();
-    let mut current = String::new();
-    let mut previous_lower = false;
-    for c in text.chars() {
-        if !c.is_alphanumeric() {
-            if !current.is_empty() {
-                words.push(std::mem::take(&mut current));
-            }
-            previous_lower = false;
-        } else {
-            if c.is_uppercase() && previous_lower && !current.is_empty() {
-                words.push(std::mem::take(&mut current));
-            }
-            previous_lower = c.is_lowercase() || c.is_ascii_digit();
-            current.extend(c.to_lowercase());
-        }
-        if words.len() >= 64 {
-            return words;
-        }
-    }
-    if !current.is_empty() {
-        words.push(current);
-    }
-    words
-}
-
-/// What a field name means once spellings are folded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Meaning {
-    /// The line's timestamp.
-    Ts,
-    /// The line's level.
-    Level,
-    /// A status or a message that may name one; lower ranks are tried first.
-    Message(u8),
-    /// A seed field.
-    Field(&'static str),
-    /// `model` or `version`: the model version only when nothing else names it and the value
-    /// looks like one (`v2`, `v2.1`).
-    MaybeVersion,
-    /// A retry count: the attempt is one more.
-    Retries,
-}
-
-/// The seed's name for a field spelled `key` (case, `_`, `-`, `.` and `@` ignored), if it is one
-/// of the diagnosis fields.
-pub fn canonical_field(key: &str) -> Option<&'static str> {
-    match meaning(key)? {
-        Meaning::Field(name) => Some(name),
-        Meaning::Retries => Some("attempt"),
-        Meaning::MaybeVersion => Some("model_version"),
-        Meaning::Ts => Some("ts"),
-        Meaning::Level => Some("level"),
-        Meaning::Message(_) => Some("status"),
+impl PartialEq for Mode {
+    fn eq(&self, other: &Mode) -> bool {
+        matches!(
+            (self, other),
+            (Mode::Lines, Mode::Lines) | (Mode::Document, Mode::Document)
+        )
     }
 }
 
-fn meaning(key: &str) -> Option<Meaning> {
-    let folded: String = key
-        .chars()
-        .filter(char::is_ascii_alphanumeric)
-        .map(|c| c.to_ascii_lowercase())
-        .collect();
-    Some(match folded.as_str() {
-        "ts" | "time" | "timestamp" | "asctime" | "datetime" => Meaning::Ts,
-        "level" | "severity" | "lvl" | "levelname" | "loglevel" => Meaning::Level,
-        "status" => Meaning::Message(0),
-        "event" => Meaning::Message(1),
-        "msg" => Meaning::Message(2),
-        "message" => Meaning::Message(3),
-        "requestid" | "reqid" | "xrequestid" => Meaning::Field("request_id"),
-        "jobid" | "taskid" => Meaning::Field("job_id"),
-        "idempotencykey" | "idempotencyid" | "dedupekey" | "dedupkey" | "dedupeid" => {
-            Meaning::Field("idempotency_key")
-        }
-        "workerid" | "worker" | "workername" | "hostname" => Meaning::Field("worker_id"),
-        "modelversion" => Meaning::Field("model_version"),
-        "model" | "version" => Meaning::MaybeVersion,
-        "attempt" | "attemptnumber" | "attemptno" => Meaning::Field("attempt"),
-        "retries" | "retrycount" | "retrynumber" => Meaning::Retries,
-        "queuereceivecount" | "receivecount" | "deliverycount" | "approximatereceivecount" => {
-            Meaning::Field("queue_receive_count")
-        }
-        "backendendpoint" | "backend" | "endpoint" | "backendurl" | "modelendpoint" => {
-            Meaning::Field("backend_endpoint")
-        }
-        "cachekey" => Meaning::Field("cache_key"),
-        "servedmodelversion" | "servedversion" => Meaning::Field("served_model_version"),
-        "cachedmodelversion" | "cachedversion" => Meaning::Field("cached_model_version"),
-        "previousmodelversion"
-        | "previousversion"
-        | "fromversion"
-        | "oldversion"
-        | "frommodelversion" => Meaning::Field("previous_model_version"),
-        "newmodelversion" | "newversion" | "toversion" | "targetversion" | "tomodelversion" => {
-            Meaning::Field("new_model_version")
-        }
-        _ => return None,
-    })
-}
-
-/// `v2`, `v2.1`, `v10-canary`: a value that can only be a model version.
-fn looks_like_version(value: &str) -> bool {
-    let mut chars = value.chars();
-    matches!(chars.next(), Some('v' | 'V')) && chars.next().is_some_and(|c| c.is_ascii_digit())
-}
-
-/// Reads a timestamp: RFC 3339 (`Z` or an offset), `YYYY-MM-DD HH:MM:SS,mmm` or with `.`/`T`
-/// (no zone: UTC), or epoch seconds, milliseconds, microseconds or nanoseconds.
-pub fn read_timestamp(raw: &str) -> Option<jiff::Timestamp> {
-    let text = raw.trim().trim_matches(|c| c == '[' || c == ']');
-    if text.is_empty() || text.len() > 64 {
-        return None;
-    }
-    if text.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-        let value: f64 = text.parse().ok()?;
-        let seconds = match value {
-            v if v < 1e11 => v,
-            v if v < 1e14 => v / 1e3,
-            v if v < 1e17 => v / 1e6,
-            v => v / 1e9,
-        };
-        if !seconds.is_finite() {
-            return None;
-        }
-        let millis = (seconds * 1000.0).round();
-        if millis.abs() > 2.5e14 {
-            return None;
-        }
-        return jiff::Timestamp::from_millisecond(millis as i64).ok();
-    }
-    let bytes = text.as_bytes();
-    if bytes.len() < 19 || !bytes[0].is_ascii_digit() || bytes[4] != b'-' {
-        return None;
-    }
-    let mut normal = text.replace(',', ".");
-    if normal.as_bytes().get(10) == Some(&b' ') {
-        normal.replace_range(10..11, "T");
-    }
-    if let Ok(ts) = normal.parse::<jiff::Timestamp>() {
-        return Some(ts);
-    }
-    let civil: jiff::civil::DateTime = normal.parse().ok()?;
-    civil
-        .to_zoned(jiff::tz::TimeZone::UTC)
-        .ok()
-        .map(|z| z.timestamp())
-}
-
-fn level_of(word: &str) -> Option<Level> {
-    let word = word.trim_matches(|c: char| c == '[' || c == ']' || c == ':');
-    match word.to_ascii_uppercase().as_str() {
-        "INFO" | "DEBUG" | "TRACE" | "NOTICE" | "I" | "D" | "10" | "20" | "30" => Some(Level::Info),
-        "WARN" | "WARNING" | "W" | "40" => Some(Level::Warn),
-        "ERROR" | "ERR" | "FATAL" | "CRITICAL" | "CRIT" | "E" | "50" | "60" => Some(Level::Error),
-        _ => None,
-    }
-}
-
-/// A line before canonicalisation.
 #[derive(Debug, Default)]
-struct Raw {
-    ts: Option<String>,
-    level: Option<String>,
-    fields: Vec<(String, String)>,
-    /// The worker the line came from when it does not say (prefix or Celery hostname).
-    worker: Option<String>,
+struct State {
+    mode: Option<Mode>,
+    /// Records beyond line numbers so far (a container line of k records adds k - 1).
+    shift: usize,
+    /// Lines seen per request id, job id or key linked to `only` (see [`Options::only`]).
+    linked: HashSet<String>,
+    /// Whether a CSV export's header row has gone by.
+    header_done: bool,
 }
 
-/// What one line was.
+fn decide(first: &[u8]) -> Mode {
+    let Ok(text) = std::str::from_utf8(first) else {
+        return Mode::Lines;
+    };
+    let text = text.trim();
+    if text.starts_with('{') || text.starts_with('[') {
+        // A JSON value that the line does not close: a document over many lines.
+        if let Err(err) = serde_json::from_str::<serde::de::IgnoredAny>(text)
+            && err.is_eof()
+            && !text.starts_with("[pod/")
+        {
+            return Mode::Document;
+        }
+        return Mode::Lines;
+    }
+    match Table::header(text) {
+        Some(table) => Mode::Table(table),
+        None => Mode::Lines,
+    }
+}
+
+fn one_line(
+    raw: &[u8],
+    line_no: usize,
+    state: &mut State,
+    reader: &mut Reader,
+    parsed: &mut Parsed,
+    options: &Options,
+) {
+    reader.line_no = line_no;
+    let open_row = matches!(&state.mode, Some(Mode::Table(t)) if t.pending.is_some());
+    if raw.iter().all(u8::is_ascii_whitespace) && !open_row {
+        parsed.blank += 1;
+        return;
+    }
+    let text = match std::str::from_utf8(raw) {
+        Ok(text) => text,
+        Err(err) => {
+            parsed.malformed(
+                line_no,
+                format!(
+                    "not UTF-8 text (an invalid byte at column {})",
+                    err.valid_up_to() + 1
+                ),
+                raw,
+            );
+            return;
+        }
+    };
+    // A CSV row is numbered by the line it starts on.
+    let mut number = line_no;
+    let result = match &mut state.mode {
+        Some(Mode::Table(table)) => {
+            let (row, start) = match table.pending.take() {
+                Some((mut pending, start)) => {
+                    pending.push('\n');
+                    pending.push_str(text);
+                    (pending, start)
+                }
+                None => (text.to_owned(), line_no),
+            };
+            if Table::open_quote(&row) {
+                if row.len() > MAX_LINE {
+                    parsed.malformed(
+                        start,
+                        format!("a CSV row over {MAX_LINE} bytes (a quoted field never closed?)"),
+                        row.as_bytes(),
+                    );
+                } else {
+                    table.pending = Some((row, start));
+                }
+                return;
+            }
+            if !state.header_done {
+                // The header row itself.
+                state.header_done = true;
+                parsed.unrelated += 1;
+                return;
+            }
+            reader.tally("", "CSV export");
+            number = start;
+            table.row(&row).map(|(origin, message)| {
+                let entry = Entry {
+                    origin,
+                    text: Some(message),
+                };
+                vec![reader.entry(entry, None)]
+            })
+        }
+        _ => reader.line(text),
+    };
+    match result {
+        Ok(reads) => take(reads, number, raw, state, reader, parsed, options),
+        Err(reason) => parsed.malformed(number, reason, raw),
+    }
+}
+
+/// Files the reads of one line: numbers them, keeps the relevant ones.
+fn take(
+    reads: Vec<Read>,
+    line_no: usize,
+    raw: &[u8],
+    state: &mut State,
+    reader: &Reader,
+    parsed: &mut Parsed,
+    options: &Options,
+) {
+    let base = line_no + state.shift;
+    if reads.len() > 1 {
+        parsed.containers.push(Container {
+            line: line_no,
+            first: base,
+            records: reads.len(),
+            shape: reader.kind,
+        });
+        state.shift += reads.len() - 1;
+    }
+    if reads.is_empty() {
+        parsed.unrelated += 1;
+    }
+    for (i, read) in reads.into_iter().enumerate() {
+        let number = base + i;
+        let Read::Line(line, millis) = read else {
+            parsed.unrelated += 1;
+            continue;
+        };
+        let relevant = ["request_id", "job_id", "idempotency_key", "status"]
+            .iter()
+            .any(|k| line.get(k).is_some());
+        if !relevant {
+            parsed.unrelated += 1;
+            if parsed.unrelated_samples.len() < UNRELATED_SAMPLES {
+                parsed.unrelated_samples.push(Malformed {
+                    line_no: number,
+                    reason: "no request id, job id, idempotency key or status word".into(),
+                    text: excerpt(raw),
+                });
+            }
+            continue;
+        }
+        if line.get("attribution") == Some("ambiguous") {
+            let worker = line.get("worker_id").unwrap_or("?").to_owned();
+            parsed.ambiguous.push((number, worker));
+        }
+        if let Some(only) = &options.only
+            && !concerns(&line, only, &mut state.linked)
+        {
+            continue;
+        }
+        if parsed.lines.len() >= options.keep {
+            parsed.not_kept += 1;
+            continue;
+        }
+        let mut line = line;
+        if options.compact {
+            line.fields
+                .retain(|(k, _)| STORY_FIELDS.contains(&k.as_str()));
+            line.fields.shrink_to_fit();
+        }
+        parsed.lines.push(ParsedLine {
+            line_no: number,
+            line,
+            millis,
+        });
+    }
+}
+
+/// Whether a line may concern the request `only`: it names it (or an id a line linked to it),
+/// it names no request id (a cutover, a worker's start or loss; or a job id that a later line
+/// may link to it, as Celery's `received` comes before the task's own line), or it is about the
+/// cache (an entry this request read may have been filled by another). Only lines of other
+/// requests, named by their request id, are left out.
+fn concerns(line: &LogLine, only: &str, linked: &mut HashSet<String>) -> bool {
+    let ids = ["request_id", "job_id", "idempotency_key"].map(|k| line.get(k));
+    if ids[0].is_none() {
+        return true;
+    }
+    let mine = ids
+        .iter()
+        .flatten()
+        .any(|id| *id == only || linked.contains(*id));
+    if mine {
+        for id in ids.into_iter().flatten() {
+            if id != only && !linked.contains(id) {
+                linked.insert(id.to_owned());
+            }
+        }
+        return true;
+    }
+    line.get("cache_key").is_some()
+        || line.status_word().is_some_and(|s| {
+            matches!(
+                s,
+                Status::CacheHit
+                    | Status::CacheMiss
+                    | Status::CacheWritten
+                    | Status::Cutover
+                    | Status::CacheInvalidated
+            )
+        })
+}
+
+/// A JSON document over many lines (a pretty-printed export): held whole, up to
+/// [`MAX_DOCUMENT`], then read as a container; if it is no JSON document after all (a truncated
+/// first line of a JSON-lines log), its lines are read one by one.
+fn document<R: BufRead>(
+    lines: &mut Lines<R>,
+    reader: &mut Reader,
+    parsed: &mut Parsed,
+    options: &Options,
+) -> std::io::Result<()> {
+    let start = lines.number;
+    let mut buffer = std::mem::take(&mut lines.line);
+    buffer.push(b'\n');
+    loop {
+        match lines.next_line()? {
+            Next::End => break,
+            Next::TooLong(length) => {
+                parsed.malformed(
+                    lines.number,
+                    format!("line of {length} bytes exceeds {MAX_LINE}"),
+                    b"",
+                );
+                return Ok(());
+            }
+            Next::Line => {
+                buffer.extend_from_slice(&lines.line);
+                buffer.push(b'\n');
+            }
+        }
+        if buffer.len() > MAX_DOCUMENT {
+            parsed.malformed(
+                start,
+                format!(
+                    "a JSON document over {} MB: export one record per line instead (logcli --output=jsonl, the collector's file exporter)",
+                    MAX_DOCUMENT >> 20
+                ),
+                &buffer[..EXCERPT.min(buffer.len())],
+            );
+            // The rest is read, not held, so the counts stay right.
+            while !matches!(lines.next_line()?, Next::End) {}
+            parsed.lines_read = lines.number;
+            parsed.bytes = lines.bytes;
+            return Ok(());
+        }
+    }
+    parsed.lines_read = lines.number;
+    parsed.bytes = lines.bytes;
+    let value: Result<serde_json::Value, _> = serde_json::from_slice(&buffer);
+    let read = value.map_err(|err| err.to_string()).and_then(records::read);
+    match read {
+        Ok(Json::Entries(shape, entries)) => {
+            reader.kind = shape;
+            reader.tally("", shape);
+            let reads: Vec<Read> = entries
+                .into_iter()
+                .map(|entry| reader.entry(entry, None))
+                .collect();
+            let mut state = State::default();
+            take(reads, start, &buffer, &mut state, reader, parsed, options);
+            if let Some(container) = parsed.containers.last_mut() {
+                container.shape = shape;
+            }
+        }
+        // Not one document: its lines, one by one.
+        _ => {
+            let mut state = State {
+                mode: Some(Mode::Lines),
+                ..State::default()
+            };
+            let mut again = Lines::new(&buffer[..]);
+            while let Next::Line = again.next_line()? {
+                let line_no = start + again.number - 1;
+                let raw = std::mem::take(&mut again.line);
+                one_line(&raw, line_no, &mut state, reader, parsed, options);
+                again.line = raw;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn finish(parsed: &mut Parsed, reader: Reader) {
+    let mut found: Vec<Found> = reader
+        .found
+        .into_iter()
+        .flat_map(|(field, keys)| {
+            keys.into_iter()
+                .map(move |(key, records, first_line)| Found {
+                    field,
+                    key,
+                    records,
+                    first_line,
+                })
+        })
+        .collect();
+    found.sort_by(|a, b| {
+        (a.field, std::cmp::Reverse(a.records), &a.key).cmp(&(
+            b.field,
+            std::cmp::Reverse(b.records),
+            &b.key,
+        ))
+    });
+    parsed.found = found;
+    let mut shapes: Vec<(String, usize)> = reader
+        .shapes
+        .into_iter()
+        .map(|(prefix, kind, n)| {
+            let name = if prefix.is_empty() {
+                kind.to_owned()
+            } else {
+                format!("{prefix} › {kind}")
+            };
+            (name, n)
+        })
+        .collect();
+    shapes.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    parsed.shapes = shapes;
+}
+
+/// What one record was.
 enum Read {
     Line(LogLine, Option<i64>),
     /// A line that belongs to something else (Celery's banner, a traceback).
@@ -555,101 +652,159 @@ enum Read {
 }
 
 /// Reads lines in order, remembering what spans lines: Celery hostnames from start lines (per
-/// prefix), whether a banner or a traceback is running, and which streams (per prefix) are a
-/// Python process's, whose lines that are no record continue a multi-line message.
-#[derive(Debug, Default)]
-struct Reader {
+/// stream: a prefix or a container's host), whether a banner or a traceback is running, which
+/// streams are a Python process's (whose lines that are no record continue a multi-line
+/// message), where each field was found, and which shapes were read.
+struct Reader<'o> {
+    maps: &'o [FieldMap],
     hostnames: HashMap<String, String>,
+    /// Streams in which two Celery workers' output is interleaved, with their hostnames.
+    ambiguous: HashMap<String, Vec<String>>,
+    /// The hostname the last banner named, until its `ready` line.
+    banner_names: Option<String>,
     banner: bool,
     traceback: bool,
-    python: std::collections::HashSet<String>,
+    python: HashSet<String>,
+    /// seed field -> (key, records, first line): a few keys per field, scanned without
+    /// allocating, since every field of every line is noted.
+    found: HashMap<&'static str, Vec<(String, usize, usize)>>,
+    /// The line being read.
+    line_no: usize,
+    /// What the last line was, for the tally.
+    kind: &'static str,
+    /// (prefix, kind, lines).
+    shapes: Vec<(&'static str, &'static str, usize)>,
 }
 
-static COMPOSE_PREFIX: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^([A-Za-z0-9][\w.@-]*)\s+\|\s?(.*)$").expect("valid regex"));
-static KUBECTL_PREFIX: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^\[pod/([^/\]\s]+)/[^\]\s]*\]\s?(.*)$").expect("valid regex"));
-static CELERY_LINE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(
-        r"^\[(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[,.]\d+)?): ([A-Za-z]+)/([^\]]+)\]\s?(.*)$",
-    )
-    .expect("valid regex")
-});
-static CELERY_BANNER: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"-+ (\S+@\S+) v\d").expect("valid regex"));
-static CELERY_READY: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^(\S+@\S+) ready\.?$").expect("valid regex"));
-static CELERY_TASK: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(
-        r"^(?:Task ([^\s\[]+)\[([^\]\s]+)\] (.*)|Received task: ([^\s\[]+)\[([^\]\s]+)\].*)$",
-    )
-    .expect("valid regex")
-});
-static CELERY_SUCCEEDED: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^succeeded in ([0-9.eE+-]+)s(?::\s?(.*))?$").expect("valid regex")
-});
-static CELERY_RETRY_IN: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"Retry in ([0-9.]+)s").expect("valid regex"));
-static CELERY_RESTORING: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^Restoring (\d+) unacknowledged message").expect("valid regex"));
 /// Python's `warnings` output: `path/to/module.py:893: SecurityWarning: message`.
 static PYTHON_WARNING: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^\S+\.py:\d+: [A-Za-z_]*(?:Warning|Error): ").expect("valid regex")
 });
-static CELERY_TASK_LOGGER: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^([^\s\[]+)\[([^\]\s]+)\]: (.*)$").expect("valid regex"));
 
-impl Reader {
-    fn read(&mut self, text: &str) -> Result<Read, String> {
-        let (source, rest) = split_source(text);
+impl<'o> Reader<'o> {
+    fn new(options: &'o Options) -> Reader<'o> {
+        Reader {
+            maps: &options.fields,
+            hostnames: HashMap::new(),
+            ambiguous: HashMap::new(),
+            banner_names: None,
+            banner: false,
+            traceback: false,
+            python: HashSet::new(),
+            found: HashMap::new(),
+            line_no: 0,
+            kind: "",
+            shapes: Vec::new(),
+        }
+    }
+
+    fn tally(&mut self, prefix: &'static str, kind: &'static str) {
+        match self
+            .shapes
+            .iter_mut()
+            .find(|(p, k, _)| *p == prefix && *k == kind)
+        {
+            Some(entry) => entry.2 += 1,
+            None => self.shapes.push((prefix, kind, 1)),
+        }
+    }
+
+    fn finish(&mut self, raw: Raw) -> Read {
+        let line_no = self.line_no;
+        let found = &mut self.found;
+        let (line, millis) = canonical(raw, self.maps, &mut |field, key| {
+            let keys = found.entry(field).or_default();
+            match keys.iter_mut().find(|(k, _, _)| k == key) {
+                Some(entry) => entry.1 += 1,
+                None => keys.push((key.to_owned(), 1, line_no)),
+            }
+        });
+        Read::Line(line, millis)
+    }
+
+    /// One line: an orchestrator's prefix, then a record (or a container of records).
+    fn line(&mut self, text: &str) -> Result<Vec<Read>, String> {
+        let text = prefix::strip_colours(text);
+        let (source, rest) = prefix::split_source(&text);
+        self.kind = "";
+        let reads = self.body(source.as_ref().map(|s| s.name), rest);
+        if !self.kind.is_empty() {
+            self.tally(source.map_or("", |s| s.prefix.shape()), self.kind);
+        }
+        reads
+    }
+
+    fn body(&mut self, source: Option<&str>, rest: &str) -> Result<Vec<Read>, String> {
         let body = rest.trim();
         let stream = source.unwrap_or("");
         if body.is_empty() {
             // A blank line behind a `compose logs` prefix.
-            return Ok(Read::Skip);
+            return Ok(vec![Read::Skip]);
         }
-        if PYTHON_WARNING.is_match(body) {
+        if body.contains(".py:") && PYTHON_WARNING.is_match(body) {
             self.python.insert(stream.to_owned());
-            return Ok(Read::Skip);
+            return Ok(vec![Read::Skip]);
         }
         if self.traceback {
             if rest.starts_with(char::is_whitespace) {
-                return Ok(Read::Skip);
+                return Ok(vec![Read::Skip]);
             }
             self.traceback = false;
             // The line that closes a traceback names the exception; a record after it is read.
             if !looks_like_a_record(body) {
-                return Ok(Read::Skip);
+                return Ok(vec![Read::Skip]);
             }
         }
-        if body.starts_with('{') {
+        let (stamp, json) = prefix::split_timestamp(body).unwrap_or(("", body));
+        if json.starts_with('{') {
             self.banner = false;
-            let mut raw = json_fields(body)?;
-            raw.worker = source.map(str::to_owned);
-            return Ok(finish(raw));
+            let value: serde_json::Value =
+                serde_json::from_str(json).map_err(|err| format!("invalid JSON: {err}"))?;
+            return match records::read(value)? {
+                Json::Plain(mut raw) => {
+                    self.kind = "JSON";
+                    celery_in_json(&mut raw);
+                    raw.worker = source.map(str::to_owned);
+                    if raw.ts.is_none() && !stamp.is_empty() {
+                        raw.ts = Some(stamp.to_owned());
+                    }
+                    Ok(vec![self.finish(raw)])
+                }
+                Json::Entries(shape, entries) => {
+                    self.kind = shape;
+                    Ok(entries
+                        .into_iter()
+                        .map(|entry| self.entry(entry, source))
+                        .collect())
+                }
+            };
         }
-        if let Some(captures) = CELERY_LINE.captures(body) {
+        if body.starts_with('[')
+            && let Some(captures) = CELERY_LINE.captures(body)
+        {
             self.banner = false;
+            self.kind = "Celery";
             self.python.insert(stream.to_owned());
             let group = |i| captures.get(i).map_or("", |m| m.as_str());
-            return Ok(self.celery(source, group(1), group(2), group(3).trim(), group(4).trim()));
+            let raw = self.celery(source, group(1), group(2), group(3).trim(), group(4).trim());
+            return Ok(vec![self.finish(raw)]);
         }
         if body.starts_with("--")
             && let Some(captures) = CELERY_BANNER.captures(body)
         {
             self.banner = true;
+            self.kind = "Celery";
             self.python.insert(stream.to_owned());
-            self.hostnames
-                .insert(source.unwrap_or("").to_owned(), captures[1].to_owned());
-            return Ok(Read::Skip);
+            self.celery_banner(stream, &captures[1]);
+            return Ok(vec![Read::Skip]);
         }
         if body.starts_with("Traceback (most recent call last)") {
             self.traceback = true;
-            return Ok(Read::Skip);
+            return Ok(vec![Read::Skip]);
         }
         if self.banner {
             if !looks_like_a_record(body) {
-                return Ok(Read::Skip);
+                return Ok(vec![Read::Skip]);
             }
             self.banner = false;
         }
@@ -657,167 +812,85 @@ impl Reader {
             Ok(raw) => raw,
             // A multi-line message of a Python process continues on lines of free text.
             Err(_) if self.python.contains(stream) && !looks_like_a_record(body) => {
-                return Ok(Read::Skip);
+                return Ok(vec![Read::Skip]);
             }
             // A framework's own free-text record (`TIMESTAMP LEVEL message`, as tracing's and
             // logging's default formats write "Worker w-1 started"): well formed, about nothing
             // a request did.
-            Err(_) if free_text_record(body) => return Ok(Read::Skip),
+            Err(_) if free_text_record(body) => return Ok(vec![Read::Skip]),
             Err(err) => return Err(err),
         };
+        self.kind = "logfmt";
         raw.worker = source.map(str::to_owned);
-        Ok(finish(raw))
+        Ok(vec![self.finish(raw)])
     }
 
-    /// A Celery worker line: timestamp, level, process, message.
-    fn celery(
-        &mut self,
-        source: Option<&str>,
-        ts: &str,
-        level: &str,
-        process: &str,
-        message: &str,
-    ) -> Read {
-        let key = source.unwrap_or("").to_owned();
-        if let Some(captures) = CELERY_READY.captures(message) {
-            self.hostnames.insert(key.clone(), captures[1].to_owned());
+    /// A container's record: its own line read like any line, then completed by the container.
+    fn entry(&mut self, entry: Entry, source: Option<&str>) -> Read {
+        let mut origin = entry.origin;
+        if origin.worker.is_none() {
+            origin.worker = source.map(str::to_owned);
         }
-        let known = self
-            .hostnames
-            .get(&key)
-            .cloned()
-            .or_else(|| source.map(str::to_owned));
-        let mut fields = vec![("process".to_owned(), process.to_owned())];
-        if CELERY_READY.is_match(message) {
-            fields.push((
-                "status".to_owned(),
-                Status::WorkerStarted.as_str().to_owned(),
-            ));
-        } else if !celery_message(message, &mut fields) {
-            fields.push(("msg".to_owned(), message.to_owned()));
+        let text = entry.text.unwrap_or_default();
+        let body = text.trim();
+        let mut raw = self.inner(body, &origin);
+        origin.fill(&mut raw);
+        self.finish(raw)
+    }
+
+    /// The program's own line inside a container: JSON, Celery's, logfmt, or free text (then
+    /// the whole text is the message).
+    fn inner(&mut self, body: &str, origin: &Origin) -> Raw {
+        if body.is_empty() {
+            return Raw::default();
         }
-        // The process that logged the line is Celery's worker, whatever name the task's own
-        // message gives it (`worker_id=pod-7` of an app setting): Celery's own lines of the same
-        // attempt (`received`, `succeeded in`) carry the hostname, and one attempt must have one
-        // worker. The task's name for it stays, as `logged_worker_id`.
-        if known.is_some() {
-            for (key, _) in fields.iter_mut() {
-                if matches!(meaning(key), Some(Meaning::Field("worker_id"))) {
-                    *key = "logged_worker_id".to_owned();
-                }
+        if body.starts_with('{')
+            && let Ok(serde_json::Value::Object(object)) = serde_json::from_str(body)
+        {
+            let mut raw = records::plain(object);
+            celery_in_json(&mut raw);
+            return raw;
+        }
+        if body.starts_with('[')
+            && let Some(captures) = CELERY_LINE.captures(body)
+        {
+            let stream = origin.worker.as_deref();
+            if let Some(stream) = stream {
+                self.python.insert(stream.to_owned());
             }
+            let group = |i| captures.get(i).map_or("", |m| m.as_str());
+            return self.celery(stream, group(1), group(2), group(3).trim(), group(4).trim());
         }
-        let worker = known
-            .or_else(|| field_value(&fields, "worker_id"))
-            .unwrap_or_else(|| "celery".to_owned());
-        let raw = Raw {
-            ts: Some(ts.to_owned()),
-            level: Some(level.to_owned()),
-            fields,
-            worker: Some(worker),
-        };
-        finish(raw)
+        if let Ok(raw) = logfmt(body) {
+            return raw;
+        }
+        Raw {
+            fields: vec![("msg".to_owned(), body.to_owned())],
+            ..Raw::default()
+        }
     }
 }
 
-/// The value of the first field meaning `seed_name`, whatever its spelling.
-fn field_value(fields: &[(String, String)], seed_name: &str) -> Option<String> {
-    fields
+/// A Celery log through a JSON formatter: its message is one of Celery's.
+fn celery_in_json(raw: &mut Raw) {
+    let message = raw
+        .fields
         .iter()
-        .find(|(k, _)| matches!(meaning(k), Some(Meaning::Field(name)) if name == seed_name))
-        .map(|(_, v)| v.clone())
-}
-
-fn finish(raw: Raw) -> Read {
-    let (line, millis) = canonical(raw);
-    Read::Line(line, millis)
-}
-
-/// Reads a Celery message (from a Celery line, or the `message` of a JSON-formatted Celery log)
-/// into fields; false if it is none of Celery's known messages.
-fn celery_message(message: &str, fields: &mut Vec<(String, String)>) -> bool {
-    let mut push = |k: &str, v: &str| fields.push((k.to_owned(), v.to_owned()));
-    if let Some(captures) = CELERY_TASK.captures(message) {
-        let (name, id, rest) = match (captures.get(1), captures.get(2), captures.get(4)) {
-            (Some(name), Some(id), _) => (
-                name.as_str(),
-                id.as_str(),
-                captures.get(3).map_or("", |m| m.as_str()),
-            ),
-            (_, _, Some(name)) => (
-                name.as_str(),
-                captures.get(5).map_or("", |m| m.as_str()),
-                "received",
-            ),
-            _ => return false,
-        };
-        push("task_name", name);
-        push("job_id", id);
-        if rest == "received" {
-            push("status", Status::JobReceived.as_str());
-        } else if let Some(succeeded) = CELERY_SUCCEEDED.captures(rest) {
-            push("status", Status::InferenceSucceeded.as_str());
-            push("write", "result_store");
-            push("runtime_s", &succeeded[1]);
-            if let Some(result) = succeeded.get(2) {
-                push("result", result.as_str());
-            }
-        } else if let Some(error) = rest.strip_prefix("raised unexpected:") {
-            push("status", Status::JobFailed.as_str());
-            push("error", error.trim());
-        } else if let Some(reason) = rest.strip_prefix("retry:") {
-            push("status", Status::RetryScheduled.as_str());
-            if let Some(countdown) = CELERY_RETRY_IN.captures(reason) {
-                push("countdown_s", &countdown[1]);
-            }
-            push("reason", reason.trim());
-        } else {
-            push("status", rest);
+        .find(|(k, _)| matches!(top_meaning(k), Some(Meaning::Message(2 | 3))))
+        .map(|(_, v)| v.clone());
+    // Celery's messages name a task in brackets or restore deliveries; others are not tried.
+    if let Some(message) = message.filter(|m| m.contains('[') || m.starts_with("Restoring")) {
+        let mut extra = Vec::new();
+        if celery_message(&message, &mut extra) {
+            raw.fields.extend(
+                extra
+                    .into_iter()
+                    .filter(|(k, _)| k != "status" || status_of(&message).is_none()),
+            );
         }
-        return true;
     }
-    if let Some(captures) = CELERY_RESTORING.captures(message) {
-        push("status", Status::DeliveriesRestored.as_str());
-        push("restored", &captures[1]);
-        return true;
-    }
-    if let Some(captures) = CELERY_TASK_LOGGER.captures(message) {
-        push("task_name", &captures[1]);
-        push("job_id", &captures[2]);
-        // A task's own message may carry key=value pairs; bare words are its message.
-        match logfmt_fields(&captures[3]) {
-            Ok((pairs, bare)) => {
-                fields.extend(pairs);
-                if !bare.is_empty() {
-                    let words: Vec<String> = bare.into_iter().map(|(_, w)| w).collect();
-                    fields.push(("msg".to_owned(), words.join(" ")));
-                }
-            }
-            Err(_) => fields.push(("msg".to_owned(), captures[3].to_owned())),
-        }
-        return true;
-    }
-    false
 }
 
-/// Splits a `docker compose logs` or `kubectl logs --prefix` prefix off a line.
-fn split_source(text: &str) -> (Option<&str>, &str) {
-    if text.starts_with("[pod/")
-        && let Some(captures) = KUBECTL_PREFIX.captures(text)
-        && let (Some(name), Some(rest)) = (captures.get(1), captures.get(2))
-    {
-        return (Some(name.as_str()), rest.as_str());
-    }
-    if text.contains('|')
-        && let Some(captures) = COMPOSE_PREFIX.captures(text)
-        && let (Some(name), Some(rest)) = (captures.get(1), captures.get(2))
-    {
-        return (Some(name.as_str()), rest.as_str());
-    }
-    (None, text)
-}
-
-/// Whether a line starts like a log record (a JSON object, a timestamp, a Celery bracket).
 /// A timestamp (one word, or a date and a time), a level, then words: a record with a message
 /// and no fields.
 fn free_text_record(body: &str) -> bool {
@@ -830,6 +903,7 @@ fn free_text_record(body: &str) -> bool {
     words.len() > level_at + 1 && level_of(words[level_at]).is_some()
 }
 
+/// Whether a line starts like a log record (a JSON object, a timestamp, a Celery bracket).
 fn looks_like_a_record(body: &str) -> bool {
     let bytes = body.as_bytes();
     match bytes.first() {
@@ -840,258 +914,11 @@ fn looks_like_a_record(body: &str) -> bool {
     }
 }
 
-/// Flattens a JSON object into dotted keys (arrays stay JSON text).
-fn json_fields(text: &str) -> Result<Raw, String> {
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|err| format!("invalid JSON: {err}"))?;
-    let serde_json::Value::Object(object) = value else {
-        return Err("JSON line is not an object".to_owned());
-    };
-    let mut fields = Vec::new();
-    flatten("", object, &mut fields);
-    let mut raw = Raw {
-        fields,
-        ..Raw::default()
-    };
-    // A Celery log through a JSON formatter: its message is one of Celery's.
-    let message = raw
-        .fields
-        .iter()
-        .find(|(k, _)| matches!(meaning(k), Some(Meaning::Message(2 | 3))))
-        .map(|(_, v)| v.clone());
-    if let Some(message) = message {
-        let mut extra = Vec::new();
-        if celery_message(&message, &mut extra) {
-            raw.fields.extend(
-                extra
-                    .into_iter()
-                    .filter(|(k, _)| k != "status" || status_of(&message).is_none()),
-            );
-        }
-    }
-    Ok(raw)
-}
-
-fn flatten(
-    prefix: &str,
-    object: serde_json::Map<String, serde_json::Value>,
-    out: &mut Vec<(String, String)>,
-) {
-    for (key, value) in object {
-        let key = if prefix.is_empty() {
-            key
-        } else {
-            format!("{prefix}.{key}")
-        };
-        match value {
-            serde_json::Value::Object(inner) => flatten(&key, inner, out),
-            serde_json::Value::String(s) => out.push((key, s)),
-            serde_json::Value::Null => {}
-            other => out.push((key, other.to_string())),
-        }
-    }
-}
-
-/// A logfmt line: leading timestamp (one word, or Python's date and time) and level, then
-/// key=value pairs; bare words are the message.
-fn logfmt(text: &str) -> Result<Raw, String> {
-    let (pairs, bare) = logfmt_fields(text)?;
-    if pairs.is_empty() {
-        return Err("no key=value fields".into());
-    }
-    let mut raw = Raw::default();
-    let mut bare = bare.into_iter().peekable();
-    // Only words before the first pair can be the head; logfmt_fields keeps their order.
-    if let Some(first) = bare.peek()
-        && first.0 == 0
-        && first.1.starts_with(|c: char| c.is_ascii_digit())
-    {
-        let (_, word) = bare.next().unwrap_or_default();
-        raw.ts = Some(word);
-        if let Some(next) = bare.peek()
-            && next.0 == 1
-            && next.1.len() >= 8
-            && next.1.as_bytes()[2] == b':'
-            && next.1.starts_with(|c: char| c.is_ascii_digit())
-            && let Some(ts) = raw.ts.as_mut()
-        {
-            ts.push(' ');
-            ts.push_str(&next.1);
-            bare.next();
-        }
-    }
-    if let Some(next) = bare.peek()
-        && next.0 <= 2
-        && level_of(&next.1).is_some()
-    {
-        raw.level = bare.next().map(|(_, w)| w);
-    }
-    let message: Vec<String> = bare.map(|(_, w)| w).collect();
-    raw.fields = pairs;
-    if !message.is_empty() {
-        raw.fields.push(("msg".to_owned(), message.join(" ")));
-    }
-    Ok(raw)
-}
-
-/// key=value pairs (values quoted with `"` and `\` escapes, or bare) and bare words with their
-/// position among the tokens.
-#[allow(clippy::type_complexity)]
-fn logfmt_fields(text: &str) -> Result<(Vec<(String, String)>, Vec<(usize, String)>), String> {
-    let mut fields = Vec::new();
-    let mut bare = Vec::new();
-    let mut token = 0;
-    let mut chars = text.char_indices().peekable();
-    while let Some(&(start, c)) = chars.peek() {
-        if c.is_whitespace() {
-            chars.next();
-            continue;
-        }
-        let mut key_end = start;
-        while let Some(&(i, c)) = chars.peek() {
-            if c == '=' || c.is_whitespace() {
-                break;
-            }
-            key_end = i + c.len_utf8();
-            chars.next();
-        }
-        let key = &text[start..key_end];
-        if !matches!(chars.peek(), Some(&(_, '='))) {
-            bare.push((token, key.to_owned()));
-            token += 1;
-            continue;
-        }
-        chars.next();
-        if key.is_empty() {
-            return Err("empty key before '='".into());
-        }
-        let value = match chars.peek() {
-            Some(&(_, '"')) => {
-                chars.next();
-                let mut value = String::new();
-                let mut closed = false;
-                while let Some((_, c)) = chars.next() {
-                    match c {
-                        '\\' => match chars.next() {
-                            Some((_, escaped)) => value.push(escaped),
-                            None => break,
-                        },
-                        '"' => {
-                            closed = true;
-                            break;
-                        }
-                        other => value.push(other),
-                    }
-                }
-                if !closed {
-                    return Err(format!("unterminated quoted value of {key}"));
-                }
-                value
-            }
-            _ => {
-                let mut value = String::new();
-                while let Some(&(_, c)) = chars.peek() {
-                    if c.is_whitespace() {
-                        break;
-                    }
-                    value.push(c);
-                    chars.next();
-                }
-                value
-            }
-        };
-        fields.push((key.to_owned(), value));
-        token += 1;
-    }
-    Ok((fields, bare))
-}
-
-/// Folds a raw line into the seed's vocabulary.
-fn canonical(raw: Raw) -> (LogLine, Option<i64>) {
-    let mut ts = raw.ts;
-    let mut level = raw.level.as_deref().and_then(level_of);
-    let mut fields: Vec<(String, String)> = Vec::with_capacity(raw.fields.len() + 2);
-    // (rank, value, index in `fields`): messages stay where they were written.
-    let mut messages: Vec<(u8, String, usize)> = Vec::new();
-    let mut maybe_version: Option<String> = None;
-    let mut retries: Option<String> = None;
-    let has = |fields: &[(String, String)], name: &str| fields.iter().any(|(k, _)| k == name);
-    for (key, value) in raw.fields {
-        match meaning(&key) {
-            Some(Meaning::Ts) if ts.is_none() => ts = Some(value),
-            Some(Meaning::Level) if level.is_none() && level_of(&value).is_some() => {
-                level = level_of(&value);
-            }
-            Some(Meaning::Message(rank)) => {
-                messages.push((rank, value.clone(), fields.len()));
-                fields.push((key, value));
-            }
-            Some(Meaning::Field(name)) if !has(&fields, name) => {
-                fields.push((name.to_owned(), value));
-            }
-            Some(Meaning::MaybeVersion) if looks_like_version(&value) => {
-                maybe_version.get_or_insert(value.clone());
-                fields.push((key, value));
-            }
-            Some(Meaning::Retries) => {
-                retries.get_or_insert(value.clone());
-                fields.push((key, value));
-            }
-            _ => fields.push((key, value)),
-        }
-    }
-    if !has(&fields, "model_version")
-        && let Some(version) = maybe_version
-    {
-        fields.push(("model_version".to_owned(), version));
-    }
-    if !has(&fields, "attempt")
-        && let Some(retries) = retries.and_then(|r| r.trim().parse::<u32>().ok())
-    {
-        fields.push((
-            "attempt".to_owned(),
-            (retries.saturating_add(1)).to_string(),
-        ));
-    }
-    if !has(&fields, "worker_id")
-        && let Some(worker) = raw.worker
-    {
-        fields.push(("worker_id".to_owned(), worker));
-    }
-    // The status: the first candidate (status, event, msg, message) that names a status word;
-    // else an explicit status or event, raw. It takes the place of an explicit `status` (whose
-    // raw text, if different, stays as `status_text`); messages stay as they were written.
-    messages.sort_by_key(|(rank, _, _)| *rank);
-    let status = messages
-        .iter()
-        .find_map(|(_, value, _)| status_of(value).map(|w| w.as_str().to_owned()))
-        .or_else(|| {
-            messages
-                .iter()
-                .find(|(rank, _, _)| *rank <= 1)
-                .map(|(_, value, _)| value.clone())
-        });
-    if let Some(status) = status {
-        match messages.iter().find(|(rank, _, _)| *rank == 0) {
-            Some((_, raw, index)) => {
-                if *raw != status {
-                    fields.push(("status_text".to_owned(), raw.clone()));
-                }
-                fields[*index] = ("status".to_owned(), status);
-            }
-            None => fields.push(("status".to_owned(), status)),
-        }
-    }
-    let at = ts.as_deref().and_then(read_timestamp);
-    let line = LogLine {
-        ts: match at {
-            Some(at) => format_timestamp(at),
-            None => ts.unwrap_or_default(),
-        },
-        level: level.unwrap_or(Level::Info),
-        fields,
-    };
-    (line, at.map(|at| at.as_millisecond()))
+/// Reads a whole file as a log, streamed.
+pub fn parse_file(path: &std::path::Path, options: &Options) -> crate::Result<Parsed> {
+    let file = std::fs::File::open(path).map_err(|err| crate::Error::io_at(path, err))?;
+    let reader = std::io::BufReader::with_capacity(1 << 20, file);
+    parse_reader(reader, options).map_err(|err| crate::Error::io_at(path, err))
 }
 
 #[cfg(test)]

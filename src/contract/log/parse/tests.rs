@@ -484,3 +484,5 @@ proptest! {
         }
     }
 }
+
+mod readers;

@@ -1,0 +1,232 @@
+//! Replay benchmark: how fast and in how much memory `racecert replay` reads a log of any size.
+//! A 1 GB log (by default) is generated on the fly in the shapes teams export (seed logfmt,
+//! tracing's nested JSON, `kubectl --prefix` over zap JSON, `stern` over Celery, journald JSON,
+//! OTLP batches, logcli lines, unrelated noise), every request with its own ids, and streamed
+//! through the parser as `racecert replay` streams a file; then the kept lines are
+//! reconstructed and diagnosed. Then as many bytes of seeded random garbage (invalid UTF-8,
+//! lines of any length, no newline for megabytes) are read the same way. Prints throughput and
+//! the process's peak resident memory after each; asserts only that the garbage ends.
+//!
+//! `cargo bench --bench replay` (1 GB each), `cargo bench --bench replay -- --mb 200` for a
+//! smaller run. Numbers go to BENCHMARKS.md by hand, with this command.
+
+use racecert::contract::log::parse::{self, Options};
+use racecert::replay::analyse_parsed;
+use std::io::{BufReader, Read};
+use std::time::Instant;
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Stories with `#` where each request's number goes: one per shape.
+const STORIES: &[&str] = &[
+    "2026-06-26T10:15:21.104Z INFO request_id=req-# job_id=job-# attempt=1 worker_id=worker-a model_version=v1 backend_endpoint=model-a cache_key=inf:# status=cache_miss
+2026-06-26T10:15:21.892Z INFO request_id=req-# job_id=job-# attempt=1 worker_id=worker-a model_version=v1 status=inference_started
+2026-06-26T10:15:24.031Z WARN request_id=req-# job_id=job-# attempt=1 worker_id=worker-a model_version=v1 status=timeout_waiting_upstream
+2026-06-26T10:15:24.207Z INFO request_id=req-# job_id=job-# attempt=2 worker_id=worker-c model_version=v2 backend_endpoint=model-b cache_key=inf:# status=retry_dispatched
+2026-06-26T10:15:25.445Z INFO request_id=req-# job_id=job-# attempt=2 worker_id=worker-c model_version=v2 status=inference_succeeded write=result_store
+2026-06-26T10:15:25.991Z INFO request_id=req-# job_id=job-# attempt=1 worker_id=worker-a model_version=v1 status=late_success write=result_store
+",
+    r#"{"timestamp":"2026-08-11T07:40:02.100733Z","level":"INFO","fields":{"message":"job received","requestId":"inv-#","jobId":"j-#","workerId":"w-3","modelVersion":"v2","attempt":1},"target":"inference_worker::queue"}
+{"timestamp":"2026-08-11T07:40:02.101950Z","level":"INFO","fields":{"message":"job acked","requestId":"inv-#","jobId":"j-#","workerId":"w-3","modelVersion":"v2","attempt":1},"target":"inference_worker::queue"}
+{"timestamp":"2026-08-11T07:40:03.951000Z","level":"INFO","fields":{"message":"result stored","requestId":"inv-#","jobId":"j-#","workerId":"w-3","modelVersion":"v2","attempt":1},"target":"inference_worker::store"}
+"#,
+    r#"[pod/infer-v1-7c9d8f6b5-kq2xz/worker] {"level":"info","ts":1786434013.105,"caller":"worker/queue.go:88","msg":"job received","request_id":"r-#","job_id":"j-#","attempt":1,"model_version":"v1"}
+[pod/infer-v1-7c9d8f6b5-kq2xz/worker] {"level":"info","ts":1786434013.140,"caller":"worker/infer.go:52","msg":"calling model backend","request_id":"r-#","job_id":"j-#","attempt":1,"model_version":"v1"}
+[pod/infer-v1-7c9d8f6b5-kq2xz/worker] {"level":"info","ts":1786434015.730,"caller":"worker/store.go:31","msg":"result stored","request_id":"r-#","job_id":"j-#","attempt":1,"model_version":"v1"}
+"#,
+    "infer-celery-7f9c6d5b8-h2kzt worker [2026-08-12 09:00:05,002: INFO/MainProcess] Task tasks.infer[c-#] received
+infer-celery-7f9c6d5b8-h2kzt worker [2026-08-12 09:00:05,010: INFO/ForkPoolWorker-1] tasks.infer[c-#]: calling model backend request_id=creq-# model_version=v2
+infer-celery-7f9c6d5b8-h2kzt worker [2026-08-12 09:00:07,870: INFO/ForkPoolWorker-1] Task tasks.infer[c-#] succeeded in 2.86s: {'label': 'cat'}
+",
+    r#"{"__CURSOR":"s=6f1c;i=1a01","__REALTIME_TIMESTAMP":"1786441200000512","PRIORITY":"6","SYSLOG_IDENTIFIER":"infer-worker","_PID":"2211","_SYSTEMD_UNIT":"infer-worker.service","_HOSTNAME":"gpu-a","MESSAGE":"request_id=jr-# job_id=jj-# attempt=1 model_version=v1 status=job_received"}
+{"__CURSOR":"s=6f1c;i=1a02","__REALTIME_TIMESTAMP":"1786441200650107","PRIORITY":"6","SYSLOG_IDENTIFIER":"infer-worker","_PID":"2211","_SYSTEMD_UNIT":"infer-worker.service","_HOSTNAME":"gpu-a","MESSAGE":"request_id=jr-# job_id=jj-# attempt=1 model_version=v1 status=inference_succeeded write=result_store"}
+"#,
+    r#"{"resourceLogs":[{"resource":{"attributes":[{"key":"k8s.pod.name","value":{"stringValue":"infer-v2-6d8c7b9f4-m4n8w"}},{"key":"host.name","value":{"stringValue":"node-b"}}]},"scopeLogs":[{"scope":{"name":"inference.worker"},"logRecords":[{"timeUnixNano":"1786437603000000000","severityText":"INFO","body":{"stringValue":"cache miss"},"attributes":[{"key":"request.id","value":{"stringValue":"q-#"}},{"key":"model.version","value":{"stringValue":"v2"}},{"key":"cache.key","value":{"stringValue":"inf:v2:#"}}]},{"timeUnixNano":"1786437603800000000","severityText":"INFO","body":{"stringValue":"result stored"},"attributes":[{"key":"request.id","value":{"stringValue":"q-#"}},{"key":"model.version","value":{"stringValue":"v2"}}]}]}]}]}
+{"labels":{"container":"worker","pod":"p-3"},"line":"request_id=l-# status=job_received","timestamp":"2026-08-13T12:00:00.5+02:00"}
+ts=2026-07-01T09:00:07.000Z level=info msg="healthcheck ok" path=/healthz
+"#,
+];
+
+/// A log generated on the fly, `remaining` bytes long: whole stories, every one with its own
+/// number, so no two requests share an id.
+struct Synthetic {
+    parts: Vec<Vec<&'static str>>,
+    remaining: u64,
+    story: usize,
+    number: u64,
+    buffer: Vec<u8>,
+    at: usize,
+}
+
+impl Synthetic {
+    fn new(bytes: u64) -> Synthetic {
+        Synthetic {
+            parts: STORIES.iter().map(|s| s.split('#').collect()).collect(),
+            remaining: bytes,
+            story: 0,
+            number: 0,
+            buffer: Vec::with_capacity(4096),
+            at: 0,
+        }
+    }
+
+    fn refill(&mut self) {
+        self.buffer.clear();
+        self.at = 0;
+        let parts = &self.parts[self.story % self.parts.len()];
+        let number = self.number.to_string();
+        for (i, part) in parts.iter().enumerate() {
+            if i > 0 {
+                self.buffer.extend_from_slice(number.as_bytes());
+            }
+            self.buffer.extend_from_slice(part.as_bytes());
+        }
+        self.story += 1;
+        self.number += 1;
+    }
+}
+
+impl Read for Synthetic {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.remaining == 0 {
+            return Ok(0);
+        }
+        if self.at == self.buffer.len() {
+            self.refill();
+        }
+        let n = out
+            .len()
+            .min(self.buffer.len() - self.at)
+            .min(self.remaining as usize);
+        out[..n].copy_from_slice(&self.buffer[self.at..self.at + n]);
+        self.at += n;
+        self.remaining -= n as u64;
+        Ok(n)
+    }
+}
+
+/// Seeded random bytes, newlines rare and bunched: lines from empty to megabytes.
+struct Garbage {
+    remaining: u64,
+    state: u64,
+}
+
+impl Read for Garbage {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        let n = out.len().min(self.remaining as usize);
+        for byte in &mut out[..n] {
+            // xorshift64*: fast and seeded, enough to be garbage.
+            self.state ^= self.state >> 12;
+            self.state ^= self.state << 25;
+            self.state ^= self.state >> 27;
+            let value = self.state.wrapping_mul(0x2545_F491_4F6C_DD1D);
+            *byte = (value >> 56) as u8;
+            // Roughly one newline per 20 KB on average, some lines far longer than the limit.
+            if value & 0x7FFF == 0 {
+                *byte = b'\n';
+            }
+        }
+        self.remaining -= n as u64;
+        Ok(n)
+    }
+}
+
+/// Peak resident memory of this process, from the kernel.
+fn peak_rss_mb() -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or_else(|| "?".to_owned(), |kb| format!("{} MB", kb / 1024))
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let mb: u64 = args
+        .iter()
+        .position(|a| a == "--mb")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let bytes = mb * 1_000_000;
+
+    let started = Instant::now();
+    let mut sink = Vec::new();
+    let generated =
+        std::io::copy(&mut Synthetic::new(bytes.min(50_000_000)), &mut sink).expect("generating");
+    let generating = started.elapsed().as_secs_f64() * bytes as f64 / generated as f64;
+    drop(sink);
+
+    // As `racecert replay` reads a file: only the fields a story is told from are kept.
+    let options = Options {
+        compact: true,
+        ..Options::default()
+    };
+    let started = Instant::now();
+    let parsed = parse::parse_reader(
+        BufReader::with_capacity(1 << 20, Synthetic::new(bytes)),
+        &options,
+    )
+    .expect("reading a generated log");
+    let parsing = started.elapsed().as_secs_f64();
+    let lines_read = parsed.lines_read;
+    let (kept, not_kept, malformed) = (parsed.lines.len(), parsed.not_kept, parsed.malformed_count);
+    // As `racecert replay` goes on: the kept lines reconstructed and diagnosed.
+    let started = Instant::now();
+    let analysis = analyse_parsed(parsed, None);
+    let analysing = started.elapsed().as_secs_f64();
+    let (requests, findings) = (
+        analysis.reconstruction.requests.len(),
+        analysis.findings.len(),
+    );
+    let text = analysis.text();
+    println!(
+        "replay bench, log: {} MB, {} lines in {:.1} s = {:.0} MB/s ({:.1} s of it generating the log, so the parser alone ~{:.0} MB/s); kept {} relevant lines, {} read and counted but not kept, {} malformed; reconstruct + diagnose of the kept lines {:.1} s ({} requests, {} findings); peak RSS {}",
+        mb,
+        lines_read,
+        parsing,
+        mb as f64 / parsing,
+        generating,
+        mb as f64 / (parsing - generating).max(0.001),
+        kept,
+        not_kept,
+        malformed,
+        analysing,
+        requests,
+        findings,
+        peak_rss_mb()
+    );
+    println!(
+        "  report's first line: {}",
+        text.lines().next().unwrap_or("")
+    );
+    drop(analysis);
+
+    let started = Instant::now();
+    let garbage = Garbage {
+        remaining: bytes,
+        state: 0x9E37_79B9_7F4A_7C15,
+    };
+    let parsed = parse::parse_reader(BufReader::with_capacity(1 << 20, garbage), &options)
+        .expect("reading garbage");
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "replay bench, random bytes: {} MB, {} lines in {:.1} s = {:.0} MB/s: {} malformed (first: line {}: {}), {} relevant; peak RSS {}",
+        mb,
+        parsed.lines_read,
+        seconds,
+        mb as f64 / seconds,
+        parsed.malformed_count,
+        parsed.malformed.first().map_or(0, |m| m.line_no),
+        parsed.malformed.first().map_or("-", |m| m.reason.as_str()),
+        parsed.lines.len(),
+        peak_rss_mb()
+    );
+    assert_eq!(parsed.bytes, bytes, "every byte of the garbage was read");
+}
