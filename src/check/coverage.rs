@@ -362,7 +362,10 @@ pub fn coverage(history: &History) -> Coverage {
                         }
                     }
                     Effect::WorkerCrashed { worker, .. } => {
-                        let landed = attempts.remove(worker).is_some_and(|a| a.leased || a.taken);
+                        // On a holder: it had received a delivery and its attempt had not
+                        // ended (no release, skip or error), leased or not: a worker that acks on
+                        // receipt loses its job when killed before the lease.
+                        let landed = attempts.remove(worker).is_some();
                         if counted {
                             coverage.applied_kind(FaultKind::WorkerCrash, landed);
                         }
