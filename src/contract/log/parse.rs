@@ -51,7 +51,7 @@ use table::Table;
 pub const MAX_LINE: usize = 64 * 1024;
 /// Relevant lines kept for the stories by default; later ones are counted, not kept, so a log of
 /// any size is read in bounded memory (`--request` narrows what is kept instead).
-pub const MAX_KEPT: usize = 250_000;
+pub const MAX_KEPT: usize = 100_000;
 /// Malformed lines listed (every one is counted).
 pub const MAX_MALFORMED: usize = 1_000;
 /// A pretty-printed JSON export (one document, not one record per line) larger than this is

@@ -94,7 +94,7 @@ pub(super) fn read(value: Value) -> Result<Json, String> {
         _ => return Err("JSON line is not an object".to_owned()),
     };
     if object.contains_key("resourceLogs") || object.contains_key("resource_logs") {
-        return Ok(Json::Entries("OTLP JSON", otlp(&object)));
+        return Ok(Json::Entries("OTLP JSON", otlp(&Value::Object(object))));
     }
     if object.contains_key("__REALTIME_TIMESTAMP")
         || (object.contains_key("MESSAGE") && object.keys().any(|k| k.starts_with('_')))
@@ -304,10 +304,9 @@ fn array<'a>(object: &'a Value, names: &[&str]) -> impl Iterator<Item = &'a Valu
         .flatten()
 }
 
-fn otlp(object: &Map<String, Value>) -> Vec<Entry> {
+fn otlp(root: &Value) -> Vec<Entry> {
     let mut entries = Vec::new();
-    let root = Value::Object(object.clone());
-    for resource_logs in array(&root, &["resourceLogs", "resource_logs"]) {
+    for resource_logs in array(root, &["resourceLogs", "resource_logs"]) {
         let mut resource = Vec::new();
         attributes(
             resource_logs

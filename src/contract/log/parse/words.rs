@@ -20,6 +20,40 @@ const WHOLE_MESSAGES: &[(&str, Status)] = &[
 /// phrasings that match, the most specific (most words) wins; a tie between two statuses is
 /// ambiguous and gives `None`.
 pub fn status_of(text: &str) -> Option<Status> {
+    // The word itself, as the seed and racecert's workers write it: no need to split.
+    if let Some(status) = Status::ALL.into_iter().find(|s| s.as_str() == text) {
+        return Some(status);
+    }
+    // A log says the same few messages over and over: remember the short ones (a message with
+    // an id in it is long, or rare, and only costs a miss; the memory is cleared when full).
+    if text.len() > CACHED_MESSAGE {
+        return read_status(text);
+    }
+    CACHE.with(|cache| {
+        if let Some(known) = cache.borrow().get(text) {
+            return *known;
+        }
+        let status = read_status(text);
+        let mut cache = cache.borrow_mut();
+        if cache.len() >= CACHE_ENTRIES {
+            cache.clear();
+        }
+        cache.insert(text.to_owned(), status);
+        status
+    })
+}
+
+/// Messages longer than this are not remembered.
+const CACHED_MESSAGE: usize = 96;
+/// Messages remembered at most.
+const CACHE_ENTRIES: usize = 4096;
+
+thread_local! {
+    static CACHE: std::cell::RefCell<std::collections::HashMap<String, Option<Status>>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+fn read_status(text: &str) -> Option<Status> {
     let words = words(text);
     if words.is_empty() {
         return None;
