@@ -31,8 +31,9 @@
 //!   write, and the framework presets (Celery, apalis): which fault kinds each has.
 //! - [`schedule`]: the one schedule type ([`schedule::Schedule`], generic over a runner's steps),
 //!   the one search ([`schedule::search`]: proptest generation, corpus mutation, depth-bounded
-//!   enumeration, PCT), the one shrinker ([`schedule::shrink`]) and the one schedule file
-//!   ([`schedule::file`]).
+//!   enumeration, PCT), the aimed schedules every search starts with ([`schedule::aimed`]: one
+//!   per fault kind, built to land on its target), the one shrinker ([`schedule::shrink`]) and
+//!   the one schedule file ([`schedule::file`]).
 //! - [`runner`]: the planes the search drives, each handing a history to the judge: controlled
 //!   (in process, at checkpoints), chaos (in process, free running), fleet (worker processes),
 //!   wire (worker processes held at their round trips), system (a team's own worker).

@@ -5,11 +5,14 @@
 //! framework fault ([`crate::runner::system`]). [`search`] makes the cases of every runner,
 //! [`shrink`] makes a failure minimal, [`file`] writes any of them as one kind of file.
 //!
-//! A checkpoint step moves one worker to a checkpoint, crashes it, or applies a fault. An idle worker told to
-//! run first takes a delivery: a new job if there is one, else a redelivery of an unacknowledged
-//! one, as if its visibility timeout had expired (that is how retry overlaps happen without a
-//! clock). After the last step the case heals every fault, lets parked workers finish, lets every
-//! lease run out and drains the queue, so "no lost job" is judged on a settled system.
+//! A checkpoint step moves one worker to a checkpoint, lets it complete N round trips and holds
+//! it between two statements, crashes it, or applies a fault. An idle worker told to run first
+//! takes a delivery: a new job if there is one, else a redelivery of an unacknowledged one, as if
+//! its visibility timeout had expired (that is how retry overlaps happen without a clock). After
+//! the last step the case heals every fault, lets parked and held workers finish, lets leases run
+//! out only within the liveness bound and redelivers only what the queue would, so "no lost job"
+//! and "no stuck delivery" are judged, not repaired. [`aimed`] builds the schedules every search
+//! starts with, one per fault kind in scope.
 
 pub mod aimed;
 pub mod file;
