@@ -859,20 +859,7 @@ impl Worker {
         .await?
         .rows_affected();
         if written == 1 {
-            self.log(
-                Level::Info,
-                attempt,
-                Status::InferenceSucceeded,
-                &[
-                    ("write", "result_store".to_owned()),
-                    ("generation", (generation + 1).to_string()),
-                    ("from_cache", from_cache.to_string()),
-                ],
-            );
-            Ok(Outcome::Succeeded {
-                generation: generation + 1,
-                from_cache,
-            })
+            Ok(self.succeeded(attempt, generation + 1, from_cache))
         } else {
             self.log(Level::Warn, attempt, Status::LateWriteRejected, &[]);
             self.log(Level::Info, attempt, Status::DiscardedLateResult, &[]);
@@ -917,20 +904,7 @@ impl Worker {
         .bind(generation + 1)
         .execute(&self.infra.pg)
         .await?;
-        self.log(
-            Level::Info,
-            attempt,
-            Status::InferenceSucceeded,
-            &[
-                ("write", "result_store".to_owned()),
-                ("generation", (generation + 1).to_string()),
-                ("from_cache", from_cache.to_string()),
-            ],
-        );
-        Ok(Outcome::Succeeded {
-            generation: generation + 1,
-            from_cache,
-        })
+        Ok(self.succeeded(attempt, generation + 1, from_cache))
     }
 
     /// The final write of [`Defect::LateWriteWithoutToken`]: by key and status, the token columns
@@ -956,22 +930,7 @@ impl Worker {
         .fetch_optional(&self.infra.pg)
         .await?;
         match generation {
-            Some(generation) => {
-                self.log(
-                    Level::Info,
-                    attempt,
-                    Status::InferenceSucceeded,
-                    &[
-                        ("write", "result_store".to_owned()),
-                        ("generation", generation.to_string()),
-                        ("from_cache", from_cache.to_string()),
-                    ],
-                );
-                Ok(Outcome::Succeeded {
-                    generation,
-                    from_cache,
-                })
-            }
+            Some(generation) => Ok(self.succeeded(attempt, generation, from_cache)),
             None => {
                 self.log(Level::Warn, attempt, Status::LateWriteRejected, &[]);
                 Ok(Outcome::LateWriteRejected)
@@ -1039,20 +998,25 @@ impl Worker {
             }
             Ok(Outcome::Overwrote { previous_version })
         } else {
-            self.log(
-                Level::Info,
-                attempt,
-                Status::InferenceSucceeded,
-                &[
-                    ("write", "result_store".to_owned()),
-                    ("generation", generation.to_string()),
-                    ("from_cache", from_cache.to_string()),
-                ],
-            );
-            Ok(Outcome::Succeeded {
-                generation,
-                from_cache,
-            })
+            Ok(self.succeeded(attempt, generation, from_cache))
+        }
+    }
+
+    /// The final write landed: logged with its generation, as the seed's worker does.
+    fn succeeded(&self, attempt: &Attempt, generation: i64, from_cache: bool) -> Outcome {
+        self.log(
+            Level::Info,
+            attempt,
+            Status::InferenceSucceeded,
+            &[
+                ("write", "result_store".to_owned()),
+                ("generation", generation.to_string()),
+                ("from_cache", from_cache.to_string()),
+            ],
+        );
+        Outcome::Succeeded {
+            generation,
+            from_cache,
         }
     }
 

@@ -2,7 +2,7 @@
 //! until the schedule releases it, records which requests were released (their fingerprints), and
 //! lets set-up, health checks and empty queue polls pass.
 
-use crate::wire::{Holder, PgRequest, RedisReply, Reply, Request, RoundTrip, WireEvent};
+use crate::wire::{Holder, RedisReply, Reply, Request, RoundTrip, WireEvent};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use std::collections::{HashMap, VecDeque};
@@ -13,24 +13,7 @@ use tokio::sync::{Notify, oneshot};
 /// Whether a request passes without holding: connection set-up, health checks, statements only
 /// prepared. (Decided on the request alone: the reply is not known yet.)
 pub(super) fn passes(request: &Request) -> bool {
-    match request {
-        Request::Postgres(PgRequest::Startup(_) | PgRequest::Cancel) => true,
-        Request::Postgres(PgRequest::Batch(batch)) => batch.statements.iter().all(|s| !s.executed),
-        Request::Redis(command) => matches!(
-            command.name.as_str(),
-            "PING"
-                | "HELLO"
-                | "AUTH"
-                | "SELECT"
-                | "CLIENT"
-                | "SCRIPT"
-                | "COMMAND"
-                | "INFO"
-                | "READONLY"
-                | "ECHO"
-        ),
-        Request::Http(_) => false,
-    }
+    request.is_effectless()
 }
 
 fn is_poll(request: &Request) -> bool {

@@ -99,29 +99,35 @@ impl RoundTrip {
     /// which the client sends the script itself). Which of these a run sends depends on what its
     /// connections already did, not on the schedule.
     pub fn is_effectless(&self) -> bool {
-        match &self.request {
+        let noscript = matches!(&self.reply,
+            Some(Reply::Redis(RedisReply::Error(e))) if e.starts_with("NOSCRIPT"));
+        noscript || self.request.is_effectless()
+    }
+}
+
+impl Request {
+    /// Whether the request changes nothing whatever its reply: connection set-up, health checks,
+    /// statements only prepared (what [`RoundTrip::is_effectless`] says before the reply is known,
+    /// and what a holder lets pass without holding).
+    pub fn is_effectless(&self) -> bool {
+        match self {
             Request::Postgres(PgRequest::Startup(_) | PgRequest::Cancel) => true,
             Request::Postgres(PgRequest::Batch(batch)) => {
                 batch.statements.iter().all(|s| !s.executed)
             }
-            Request::Redis(command) => {
-                let noscript = matches!(&self.reply,
-                    Some(Reply::Redis(RedisReply::Error(e))) if e.starts_with("NOSCRIPT"));
-                noscript
-                    || matches!(
-                        command.name.as_str(),
-                        "PING"
-                            | "HELLO"
-                            | "AUTH"
-                            | "SELECT"
-                            | "CLIENT"
-                            | "SCRIPT"
-                            | "COMMAND"
-                            | "INFO"
-                            | "READONLY"
-                            | "ECHO"
-                    )
-            }
+            Request::Redis(command) => matches!(
+                command.name.as_str(),
+                "PING"
+                    | "HELLO"
+                    | "AUTH"
+                    | "SELECT"
+                    | "CLIENT"
+                    | "SCRIPT"
+                    | "COMMAND"
+                    | "INFO"
+                    | "READONLY"
+                    | "ECHO"
+            ),
             Request::Http(_) => false,
         }
     }
