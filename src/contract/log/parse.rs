@@ -35,8 +35,8 @@ pub use words::status_of;
 #[cfg(test)]
 use super::{Level, format_timestamp};
 use super::{LogLine, Status};
-use celery::{CELERY_BANNER, CELERY_LINE, celery_message};
-use fields::{Meaning, Raw, canonical, level_of, top_meaning};
+use celery::{CELERY_BANNER, celery_line, celery_message};
+use fields::{Meaning, Meanings, Raw, canonical, level_of, top_meaning};
 use logfmt::logfmt;
 use records::{Entry, Json, Origin};
 use regex::Regex;
@@ -665,9 +665,11 @@ struct Reader<'o> {
     banner: bool,
     traceback: bool,
     python: HashSet<String>,
-    /// seed field -> (key, records, first line): a few keys per field, scanned without
-    /// allocating, since every field of every line is noted.
-    found: HashMap<&'static str, Vec<(String, usize, usize)>>,
+    /// seed field -> (key, records, first line): a few fields, a few keys each, scanned
+    /// without hashing or allocating, since every field of every line is noted.
+    found: Vec<(&'static str, Vec<KeySeen>)>,
+    /// What each key means, remembered: a log repeats the same keys on every line.
+    meanings: Meanings,
     /// The line being read.
     line_no: usize,
     /// What the last line was, for the tally.
@@ -675,6 +677,9 @@ struct Reader<'o> {
     /// (prefix, kind, lines).
     shapes: Vec<(&'static str, &'static str, usize)>,
 }
+
+/// A key a seed field was read from: the key, on how many records, first on which line.
+type KeySeen = (String, usize, usize);
 
 /// Python's `warnings` output: `path/to/module.py:893: SecurityWarning: message`.
 static PYTHON_WARNING: LazyLock<Regex> = LazyLock::new(|| {
@@ -691,7 +696,8 @@ impl<'o> Reader<'o> {
             banner: false,
             traceback: false,
             python: HashSet::new(),
-            found: HashMap::new(),
+            found: Vec::new(),
+            meanings: Meanings::default(),
             line_no: 0,
             kind: "",
             shapes: Vec::new(),
@@ -712,8 +718,15 @@ impl<'o> Reader<'o> {
     fn finish(&mut self, raw: Raw) -> Read {
         let line_no = self.line_no;
         let found = &mut self.found;
-        let (line, millis) = canonical(raw, self.maps, &mut |field, key| {
-            let keys = found.entry(field).or_default();
+        let (line, millis) = canonical(raw, self.maps, &mut self.meanings, &mut |field, key| {
+            let at = match found.iter().position(|(f, _)| *f == field) {
+                Some(at) => at,
+                None => {
+                    found.push((field, Vec::new()));
+                    found.len() - 1
+                }
+            };
+            let keys = &mut found[at].1;
             match keys.iter_mut().find(|(k, _, _)| k == key) {
                 Some(entry) => entry.1 += 1,
                 None => keys.push((key.to_owned(), 1, line_no)),
@@ -779,14 +792,19 @@ impl<'o> Reader<'o> {
                 }
             };
         }
-        if body.starts_with('[')
-            && let Some(captures) = CELERY_LINE.captures(body)
-        {
+        if let Some(line) = celery_line(body) {
             self.banner = false;
             self.kind = "Celery";
-            self.python.insert(stream.to_owned());
-            let group = |i| captures.get(i).map_or("", |m| m.as_str());
-            let raw = self.celery(source, group(1), group(2), group(3).trim(), group(4).trim());
+            if !self.python.contains(stream) {
+                self.python.insert(stream.to_owned());
+            }
+            let raw = self.celery(
+                source,
+                line.ts,
+                line.level,
+                line.process.trim(),
+                line.message.trim(),
+            );
             return Ok(vec![self.finish(raw)]);
         }
         if body.starts_with("--")
@@ -851,15 +869,20 @@ impl<'o> Reader<'o> {
             celery_in_json(&mut raw);
             return raw;
         }
-        if body.starts_with('[')
-            && let Some(captures) = CELERY_LINE.captures(body)
-        {
+        if let Some(line) = celery_line(body) {
             let stream = origin.worker.as_deref();
-            if let Some(stream) = stream {
+            if let Some(stream) = stream
+                && !self.python.contains(stream)
+            {
                 self.python.insert(stream.to_owned());
             }
-            let group = |i| captures.get(i).map_or("", |m| m.as_str());
-            return self.celery(stream, group(1), group(2), group(3).trim(), group(4).trim());
+            return self.celery(
+                stream,
+                line.ts,
+                line.level,
+                line.process.trim(),
+                line.message.trim(),
+            );
         }
         if let Ok(raw) = logfmt(body) {
             return raw;

@@ -254,6 +254,66 @@ pub fn read_timestamp(raw: &str) -> Option<jiff::Timestamp> {
     if text.is_empty() || text.len() > 64 {
         return None;
     }
+    quick_timestamp(text).or_else(|| any_timestamp(text))
+}
+
+/// `YYYY-MM-DD(T| )HH:MM:SS[(.|,)DIGITS][Z]`, the shape of nearly every line of most logs, read
+/// without allocating or a general parser (a replay reads one per line). `None` for anything
+/// else, and for a field out of its range, which [`any_timestamp`] then reads or refuses.
+fn quick_timestamp(text: &str) -> Option<jiff::Timestamp> {
+    let b = text.as_bytes();
+    if b.len() < 19
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return None;
+    }
+    let number = |range: std::ops::Range<usize>| {
+        b[range].iter().try_fold(0i64, |value, digit| {
+            digit
+                .is_ascii_digit()
+                .then(|| value * 10 + i64::from(digit - b'0'))
+        })
+    };
+    let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
+    let (hour, minute, second) = (number(11..13)?, number(14..16)?, number(17..19)?);
+    let mut rest = &b[19..];
+    let mut nanos = 0i64;
+    if let Some((b'.' | b',', fraction)) = rest.split_first() {
+        let digits = fraction.iter().take_while(|d| d.is_ascii_digit()).count();
+        if digits == 0 || digits > 9 {
+            return None;
+        }
+        nanos = number(20..20 + digits)? * 10i64.pow(9 - digits as u32);
+        rest = &fraction[digits..];
+    }
+    if !(rest.is_empty() || rest == b"Z") || hour > 23 || minute > 59 || second > 59 {
+        return None;
+    }
+    // The date checked by the calendar (months' lengths, leap years), then days since the epoch
+    // by the civil-from-days inverse (H. Hinnant's `days_from_civil`).
+    jiff::civil::Date::new(year as i16, month as i8, day as i8).ok()?;
+    let shifted = if month <= 2 { year - 1 } else { year };
+    let era = shifted.div_euclid(400);
+    let year_of_era = shifted - era * 400;
+    let day_of_year = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    let days = era * 146_097 + day_of_era - 719_468;
+    let seconds = days * 86_400 + hour * 3_600 + minute * 60 + second;
+    jiff::Timestamp::new(seconds, nanos as i32).ok()
+}
+
+/// Whether a timestamp that was read is written as [`format_timestamp`] writes it.
+fn is_seed_timestamp(ts: &str) -> bool {
+    let b = ts.as_bytes();
+    b.len() == 24 && b[0].is_ascii_digit() && b[10] == b'T' && b[19] == b'.' && b[23] == b'Z'
+}
+
+/// Every other shape [`read_timestamp`] reads.
+fn any_timestamp(text: &str) -> Option<jiff::Timestamp> {
     if text.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
         // Whole digits apart, so nanoseconds keep their milliseconds exactly.
         let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
@@ -328,27 +388,52 @@ pub(super) fn field_value(fields: &[(String, String)], seed_name: &str) -> Optio
         .map(|(_, v)| v.clone())
 }
 
-/// Folds a raw line into the seed's vocabulary. `maps` are the team's own names (`--field`),
-/// which win over every spelling; `note(seed name, key)` hears where each field was found.
-pub(super) fn canonical(
-    raw: Raw,
-    maps: &[FieldMap],
-    note: &mut dyn FnMut(&'static str, &str),
-) -> (LogLine, Option<i64>) {
-    // Each key's meaning and tier: 0 mapped by the team, 1 spelled at the top, 2 found in a
-    // dotted tail. A seed field takes the value of its lowest tier, then its first key.
-    let meanings: Vec<(u8, Option<Meaning>)> = raw
-        .fields
-        .iter()
-        .map(|(key, _)| {
-            if let Some(map) = maps.iter().find(|m| m.path.eq_ignore_ascii_case(key)) {
-                return (0, Some(map.meaning()));
-            }
+/// Keys remembered with their tier and meaning, up to [`Meanings::CAPACITY`] keys (a log has a
+/// few dozen; one that names its keys after its values stops being remembered, not growing).
+#[derive(Debug, Default)]
+pub(super) struct Meanings {
+    known: rustc_hash::FxHashMap<String, (u8, Option<Meaning>)>,
+}
+
+impl Meanings {
+    const CAPACITY: usize = 4096;
+
+    /// A key's tier and meaning: tier 0 mapped by the team, 1 spelled at the top (or under a
+    /// wrapper), 2 found in a dotted tail.
+    fn of(&mut self, key: &str, maps: &[FieldMap]) -> (u8, Option<Meaning>) {
+        if let Some(known) = self.known.get(key) {
+            return *known;
+        }
+        let found = if let Some(map) = maps.iter().find(|m| m.path.eq_ignore_ascii_case(key)) {
+            (0, Some(map.meaning()))
+        } else {
             match top_meaning(key) {
                 Some(found) => (1, Some(found)),
                 None => (2, path_meaning(key)),
             }
-        })
+        };
+        if self.known.len() < Self::CAPACITY {
+            self.known.insert(key.to_owned(), found);
+        }
+        found
+    }
+}
+
+/// Folds a raw line into the seed's vocabulary. `maps` are the team's own names (`--field`),
+/// which win over every spelling (`meanings` remembers keys under these maps);
+/// `note(seed name, key)` hears where each field was found.
+pub(super) fn canonical(
+    raw: Raw,
+    maps: &[FieldMap],
+    meanings: &mut Meanings,
+    note: &mut dyn FnMut(&'static str, &str),
+) -> (LogLine, Option<i64>) {
+    // Each key's meaning and tier. A seed field takes the value of its lowest tier, then its
+    // first key.
+    let meanings: Vec<(u8, Option<Meaning>)> = raw
+        .fields
+        .iter()
+        .map(|(key, _)| meanings.of(key, maps))
         .collect();
     let winner = |wanted: &dyn Fn(Meaning) -> bool| {
         meanings
@@ -503,12 +588,58 @@ pub(super) fn canonical(
     }
     let at = ts.as_deref().and_then(read_timestamp);
     let line = LogLine {
-        ts: match at {
-            Some(at) => format_timestamp(at),
-            None => ts.unwrap_or_default(),
+        ts: match (at, ts) {
+            // Already as the seed writes it (what [`quick_timestamp`] read, 24 bytes from a digit
+            // to the `Z`: nothing trimmed, three fraction digits): kept, not formatted again.
+            (Some(_), Some(ts)) if is_seed_timestamp(&ts) => ts,
+            (Some(at), _) => format_timestamp(at),
+            (None, ts) => ts.unwrap_or_default(),
         },
         level: level.unwrap_or(Level::Info),
         fields,
     };
     (line, at.map(|at| at.as_millisecond()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The quick reader reads what the general one reads, as the general one reads it, on
+        /// the quick reader's shape with fields at and just past their ranges' edges.
+        #[test]
+        fn the_quick_reader_agrees_with_the_general_one(
+            date in (0u32..=9999, 0u32..=13, 0u32..=32),
+            time in (0u32..=24, 0u32..=60, 0u32..=60),
+            date_time in proptest::sample::select(vec!['T', ' ']),
+            fraction in proptest::option::of(("[.,]", "[0-9]{0,10}")),
+            zone in proptest::sample::select(vec!["", "Z", "+00:00", " UTC", "z"]),
+        ) {
+            let ((year, month, day), (hour, minute, second)) = (date, time);
+            let mut text = format!(
+                "{year:04}-{month:02}-{day:02}{date_time}{hour:02}:{minute:02}:{second:02}"
+            );
+            if let Some((separator, digits)) = &fraction {
+                text.push_str(separator);
+                text.push_str(digits);
+            }
+            text.push_str(zone);
+            if let Some(quick) = quick_timestamp(&text) {
+                prop_assert_eq!(Some(quick), any_timestamp(&text), "{}", text);
+            }
+            if is_seed_timestamp(&text) && let Some(at) = read_timestamp(&text) {
+                prop_assert_eq!(format_timestamp(at), text);
+            }
+        }
+
+        /// Valid timestamps of any day: the quick reader reads them all.
+        #[test]
+        fn the_quick_reader_reads_every_day(millis in -62_135_596_800_000i64..253_402_207_200_000) {
+            let at = jiff::Timestamp::from_millisecond(millis).unwrap();
+            let text = format_timestamp(at);
+            prop_assert_eq!(quick_timestamp(&text), Some(at), "{}", text);
+        }
+    }
 }

@@ -14,11 +14,6 @@ use std::sync::LazyLock;
 
 static COMPOSE_PREFIX: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^([A-Za-z0-9][\w.@-]*)\s+\|\s?(.*)$").expect("valid regex"));
-static KUBECTL_PREFIX: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^\[pod/([^/\]\s]+)/([^\]\s]*)\]\s?(.*)$").expect("valid regex"));
-static STERN_PREFIX: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^([a-z0-9][a-z0-9.-]*) ([a-z0-9][a-z0-9-]*) (.*)$").expect("valid regex")
-});
 static ANSI: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"\x1b\[[0-9;]*[A-Za-z]").expect("valid regex"));
 
@@ -57,15 +52,12 @@ pub(super) fn strip_colours(text: &str) -> Cow<'_, str> {
 
 /// Splits an orchestrator's prefix off a line.
 pub(super) fn split_source(text: &str) -> (Option<Source<'_>>, &str) {
-    if text.starts_with("[pod/")
-        && let Some(captures) = KUBECTL_PREFIX.captures(text)
-        && let (Some(name), Some(rest)) = (captures.get(1), captures.get(3))
-    {
+    if let Some((name, rest)) = kubectl(text) {
         let source = Source {
-            name: name.as_str(),
+            name,
             prefix: Prefix::Kubectl,
         };
-        return (Some(source), rest.as_str());
+        return (Some(source), rest);
     }
     if text.contains('|')
         && let Some(captures) = COMPOSE_PREFIX.captures(text)
@@ -77,23 +69,50 @@ pub(super) fn split_source(text: &str) -> (Option<Source<'_>>, &str) {
         };
         return (Some(source), rest.as_str());
     }
-    if text.split(' ').next().is_some_and(|first| {
-        is_pod_name(first)
-            && first
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-    }) && let Some(captures) = STERN_PREFIX.captures(text)
-        && let (Some(pod), Some(rest)) = (captures.get(1), captures.get(3))
-        && is_pod_name(pod.as_str())
-        && starts_a_record(rest.as_str())
+    if let Some((pod, rest)) = stern(text)
+        && starts_a_record(rest)
     {
         let source = Source {
-            name: pod.as_str(),
+            name: pod,
             prefix: Prefix::Stern,
         };
-        return (Some(source), rest.as_str());
+        return (Some(source), rest);
     }
     (None, text)
+}
+
+/// `[pod/NAME/CONTAINER] LINE` (one optional whitespace after the bracket): the pod and the
+/// line. Split by hand, not by a regex with captures: every line of a kubectl export goes
+/// through here, and the grammar is two separators.
+fn kubectl(text: &str) -> Option<(&str, &str)> {
+    let inside = text.strip_prefix("[pod/")?;
+    let (bracket, rest) = inside.split_once(']')?;
+    let (name, container) = bracket.split_once('/')?;
+    let clean = |part: &str| !part.contains(char::is_whitespace);
+    if name.is_empty() || !clean(name) || !clean(container) {
+        return None;
+    }
+    let rest = match rest.chars().next() {
+        Some(c) if c.is_whitespace() => &rest[c.len_utf8()..],
+        _ => rest,
+    };
+    Some((name, rest))
+}
+
+/// stern's `POD CONTAINER LINE`, the pod a Kubernetes pod name and the container a DNS label:
+/// the pod and the line.
+fn stern(text: &str) -> Option<(&str, &str)> {
+    let (pod, rest) = text.split_once(' ')?;
+    let (container, rest) = rest.split_once(' ')?;
+    let label = |part: &str, dots: bool| {
+        part.bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            && part.bytes().all(|b| {
+                b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || (dots && b == b'.')
+            })
+    };
+    (is_pod_name(pod) && label(pod, true) && label(container, false)).then_some((pod, rest))
 }
 
 /// A Kubernetes pod name as controllers make them: a DNS label with a `-` and a digit
@@ -142,5 +161,61 @@ pub(super) fn split_timestamp(body: &str) -> Option<(&str, &str)> {
         Some((first, rest))
     } else {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(text: &str) -> (Option<(&str, Prefix)>, &str) {
+        let (source, rest) = split_source(text);
+        (source.map(|s| (s.name, s.prefix)), rest)
+    }
+
+    #[test]
+    fn kubectl_prefixes_name_the_pod() {
+        let pod = "infer-v1-7c9d8f6b5-kq2xz";
+        assert_eq!(
+            split("[pod/infer-v1-7c9d8f6b5-kq2xz/worker] {\"a\":1}"),
+            (Some((pod, Prefix::Kubectl)), "{\"a\":1}")
+        );
+        assert_eq!(
+            split("[pod/infer-v1-7c9d8f6b5-kq2xz/worker]{}"),
+            (Some((pod, Prefix::Kubectl)), "{}")
+        );
+        // Not a prefix: no container separator, whitespace inside, an empty pod.
+        for text in [
+            "[pod/worker] x",
+            "[pod/a b/c] x",
+            "[pod//c] x",
+            "[pod/a/c x",
+        ] {
+            assert_eq!(split(text), (None, text), "{text}");
+        }
+    }
+
+    #[test]
+    fn stern_prefixes_need_a_pod_name_and_a_record() {
+        assert_eq!(
+            split("worker-7d9f8c6b5-x2k4q worker {\"a\":1}"),
+            (Some(("worker-7d9f8c6b5-x2k4q", Prefix::Stern)), "{\"a\":1}")
+        );
+        assert_eq!(
+            split("worker-0 app request_id=r-1 status=job_received"),
+            (
+                Some(("worker-0", Prefix::Stern)),
+                "request_id=r-1 status=job_received"
+            )
+        );
+        // A line's own words are no pod and container; an upper-case container is no label.
+        for text in [
+            "job received for request r-1",
+            "worker-0 App {\"a\":1}",
+            "2026-06-26 10:15:21 INFO started",
+            "worker-0 app free text",
+        ] {
+            assert_eq!(split(text), (None, text), "{text}");
+        }
     }
 }
