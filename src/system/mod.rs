@@ -219,6 +219,9 @@ impl System {
             places.insert(name.to_owned(), at(span));
         };
         note("start.command", raw.start.command.span());
+        for (name, value) in &raw.start.env {
+            note(&format!("start.env.{name}"), value.span());
+        }
         if let Some(setup) = &raw.start.setup {
             note("start.setup", setup.span());
         }
@@ -298,7 +301,12 @@ impl System {
                 requirements: raw.start.requirements.map(|r| dir.join(r)),
                 setup: raw.start.setup.map(Spanned::into_inner),
                 ready: raw.start.ready,
-                env: raw.start.env,
+                env: raw
+                    .start
+                    .env
+                    .into_iter()
+                    .map(|(name, value)| (name, value.into_inner()))
+                    .collect(),
                 workdir,
             },
             versions: raw.versions.into_iter().collect(),
@@ -406,6 +414,7 @@ impl System {
             }
         }
         check_placeholders(&self.start.command, START_PLACEHOLDERS)
+            .and_then(|()| check_unquoted(&self.start.command))
             .or_else(|bad| fail("start.command", bad))?;
         for (field, pattern, needs) in [
             ("keys.lease", &self.keys.lease, "key"),
@@ -433,8 +442,12 @@ impl System {
             }
         }
         for (name, value) in &self.start.env {
-            check_placeholders(value, START_PLACEHOLDERS)
-                .or_else(|bad| fail("start.command", format!("[start.env] {name}: {bad}")))?;
+            check_placeholders(value, START_PLACEHOLDERS).or_else(|bad| {
+                fail(
+                    &format!("start.env.{name}"),
+                    format!("[start.env] {name}: {bad}"),
+                )
+            })?;
         }
         match &self.submit {
             Submit::Preset { args, .. } => {
@@ -450,6 +463,7 @@ impl System {
                 }
             }
             Submit::Command(command) => check_placeholders(command, SUBMIT_PLACEHOLDERS)
+                .and_then(|()| check_unquoted(command))
                 .or_else(|bad| fail("submit", bad))?,
         }
         match self.framework {
@@ -531,6 +545,38 @@ fn check_placeholders(template: &str, allowed: &[&str]) -> std::result::Result<(
     }
 }
 
+/// A shell command's placeholders must stand outside quotes: [`fill_shell`] quotes each value
+/// itself, so `'{input}'` would pass the quotes on to the program (and an input with a quote in
+/// it would end them).
+fn check_unquoted(command: &str) -> std::result::Result<(), String> {
+    // The quoting state of `sh` before each byte: single quotes, double quotes, backslashes.
+    let (mut single, mut double, mut escaped) = (false, false, false);
+    for (at, c) in command.char_indices() {
+        if escaped {
+            escaped = false;
+            continue;
+        }
+        match c {
+            '\\' if !single => escaped = true,
+            '\'' if !double => single = !single,
+            '"' if !single => double = !double,
+            '{' if single || double => {
+                if let Some(name) = placeholders(&command[at..]).first()
+                    && command[at..].starts_with(&format!("{{{name}}}"))
+                {
+                    return Err(format!(
+                        "{{{name}}} stands inside quotes: racecert quotes each value for the shell \
+                         itself (an input with spaces or quotes stays one argument), so write \
+                         {{{name}}} without quotes around it"
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Fills `{name}` placeholders of `template` from `values`; others are left as they are.
 pub fn fill(template: &str, values: &[(&str, &str)]) -> String {
     let mut out = template.to_owned();
@@ -538,6 +584,26 @@ pub fn fill(template: &str, values: &[(&str, &str)]) -> String {
         out = out.replace(&format!("{{{name}}}"), value);
     }
     out
+}
+
+/// Fills the placeholders of a command run with `sh -c`, each value quoted for the shell when it
+/// needs it (`submit.py {request_id} {input}` keeps an input with spaces as one argument).
+pub fn fill_shell(template: &str, values: &[(&str, &str)]) -> String {
+    let quoted: Vec<(&str, String)> = values
+        .iter()
+        .map(|(name, value)| {
+            let value = shlex::try_quote(value)
+                .map(|q| q.into_owned())
+                // A NUL byte cannot be passed in an argument at all; it is dropped.
+                .unwrap_or_else(|_| {
+                    shlex::try_quote(&value.replace('\0', ""))
+                        .map_or_else(|_| String::new(), |q| q.into_owned())
+                });
+            (*name, value)
+        })
+        .collect();
+    let values: Vec<(&str, &str)> = quoted.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    fill(template, &values)
 }
 
 /// `path:line:col` of byte `offset` in `text` (1-based, columns in characters).
@@ -730,7 +796,7 @@ mod raw {
         pub setup: Option<Spanned<String>>,
         pub ready: Option<String>,
         #[serde(default)]
-        pub env: BTreeMap<String, String>,
+        pub env: BTreeMap<String, Spanned<String>>,
     }
 
     #[derive(Deserialize)]
@@ -865,6 +931,71 @@ mod tests {
         let err = System::parse(&text, path).unwrap_err().to_string();
         assert!(err.contains("sys.toml:20:9"), "{err}");
         assert!(err.contains("must hold {version} exactly once"), "{err}");
+
+        // A variable's bad placeholder is reported at the variable's own line.
+        let text = format!(
+            "{}[start.env]\nA = \"{{venv}}\"\nB = \"{{worker}}\"\n",
+            celery_file(results)
+        );
+        let err = System::parse(&text, path).unwrap_err().to_string();
+        assert!(err.contains("sys.toml:21:5"), "{err}");
+        assert!(
+            err.contains("[start.env] B: unknown placeholder {worker}"),
+            "{err}"
+        );
+
+        // A placeholder inside quotes in a command.
+        let text = celery_file(results).replace("run {worker_id}", "run '{worker_id}'");
+        let err = System::parse(&text, path).unwrap_err().to_string();
+        assert!(err.contains("sys.toml:4:11"), "{err}");
+        assert!(err.contains("{worker_id} stands inside quotes"), "{err}");
+    }
+
+    #[test]
+    fn placeholders_in_commands_stand_outside_quotes() {
+        for ok in [
+            "python submit.py {request_id} {input}",
+            "{venv}/bin/python x.py --id={request_id}",
+            "echo '{\"k\": 1}' {input}",
+            "echo \"it's\" {input}",
+            "echo \\' {input}",
+        ] {
+            assert_eq!(check_unquoted(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "python submit.py '{input}'",
+            "python submit.py \"{request_id}\"",
+            "sh -c 'submit {input}'",
+            "echo \"$(x)\" \"{venv}/bin/x\"",
+        ] {
+            assert!(check_unquoted(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn values_are_quoted_for_the_shell() {
+        let filled = fill_shell(
+            "printf '%s|' {request_id} {input}",
+            &[
+                ("request_id", "req-1"),
+                ("input", "a b 'c' \"d\" $HOME `x` \\ ;|&"),
+            ],
+        );
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&filled)
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "req-1|a b 'c' \"d\" $HOME `x` \\ ;|&|",
+            "{filled}"
+        );
+        // A value that needs no quotes is left as it is (`{venv}/bin/celery`).
+        assert_eq!(
+            fill_shell("{venv}/bin/celery", &[("venv", "/tmp/v-1")]),
+            "/tmp/v-1/bin/celery"
+        );
     }
 
     #[test]

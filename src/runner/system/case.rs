@@ -11,7 +11,7 @@ use crate::fault::{Effect, Fault, FaultKind, Plane};
 use crate::system::preset::{
     APALIS_INSERT, CELERY_PREFETCH_ENV, celery_keys, celery_message, fault_prefetch,
 };
-use crate::system::{Framework, Submit, System, fill};
+use crate::system::{Framework, Submit, System, fill, fill_shell};
 use crate::wire::{Reply, TxStatus};
 use crate::{Error, Result};
 use nix::sys::signal::{Signal, kill};
@@ -250,7 +250,7 @@ impl CaseCtx<'_, '_> {
             }
             Submit::Command(command) => {
                 let redis_url = String::new();
-                let command = fill(
+                let command = fill_shell(
                     command,
                     &[
                         ("request_id", request_id),

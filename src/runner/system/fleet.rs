@@ -4,7 +4,7 @@
 use super::{Lines, Wire, now_ms};
 use crate::env::TestBed;
 use crate::env::links::CaseLinks;
-use crate::system::{System, fill};
+use crate::system::{System, fill, fill_shell};
 use crate::wire::WireEvent;
 use crate::{Error, Result};
 use nix::sys::signal::{Signal, kill};
@@ -330,5 +330,5 @@ pub(super) fn configure(
         .iter()
         .map(|(k, v)| (k.clone(), fill(v, &values)))
         .collect();
-    worker.command = fill(&system.start.command, &values);
+    worker.command = fill_shell(&system.start.command, &values);
 }

@@ -46,7 +46,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -541,6 +541,12 @@ async fn run_with_backends(
         worker.links.stop_recording();
     }
     result?;
+    if let Some(message) = terminal_matches_nothing(system, &cases) {
+        return Err(Error::Config(format!(
+            "{}: {message}",
+            system.place("results.terminal")
+        )));
+    }
     let mut outputs: BTreeMap<String, String> = BTreeMap::new();
     let mut log = Vec::new();
     for (at_ms, label, line) in lines.lock().expect("poisoned").iter() {
@@ -670,6 +676,47 @@ async fn prepare_results(pg: &mut PgConnection, system: &System) -> Result<()> {
         .execute(&mut *pg)
         .await?;
     Ok(())
+}
+
+/// A `terminal` list that names no status the system writes makes every request look lost. The
+/// evidence that it is the list, not the system: no write of the run set a terminal status, yet
+/// writes stored an output (a result is written with the status that ends the job). Says which
+/// statuses were written, those with an output first.
+fn terminal_matches_nothing(system: &System, cases: &[SystemCase]) -> Option<String> {
+    let writes = || cases.iter().flat_map(|c| c.writes.iter());
+    if cases.is_empty() || writes().any(|w| system.results.terminal.contains(&w.new_status)) {
+        return None;
+    }
+    let with_output: BTreeSet<&str> = writes()
+        .filter(|w| w.output.as_deref().is_some_and(|o| !o.is_empty()))
+        .map(|w| w.new_status.as_str())
+        .collect();
+    if with_output.is_empty() {
+        return None;
+    }
+    let others: BTreeSet<&str> = writes()
+        .map(|w| w.new_status.as_str())
+        .filter(|s| !with_output.contains(s))
+        .collect();
+    let list = |set: &BTreeSet<&str>| {
+        set.iter()
+            .map(|s| format!("{s:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    Some(format!(
+        "`terminal` = {:?} matches no status the system wrote in {} case(s), so every request would \
+         look lost: the writes that stored an output set {}{}. List the statuses that end a job \
+         in `terminal`",
+        system.results.terminal,
+        cases.len(),
+        list(&with_output),
+        if others.is_empty() {
+            String::new()
+        } else {
+            format!(" (other statuses written: {})", list(&others))
+        }
+    ))
 }
 
 /// The command that reruns exactly case `number` of `file` with `seed`.

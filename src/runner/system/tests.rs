@@ -203,3 +203,67 @@ fn the_diagram_draws_arrows_between_lanes() {
     assert!(text.contains("o---------------------->| call"), "{text}");
     assert!(text.contains("|<----------------------o back"), "{text}");
 }
+
+#[test]
+fn a_terminal_list_that_matches_no_written_status_is_the_files_error() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/celery-worker/naive.toml");
+    let system = System::load(&path).expect("the example loads");
+    let write = |status: &str, output: Option<&str>| AuditRow {
+        audit_id: 1,
+        idempotency_key: "r".into(),
+        operation: "UPDATE".into(),
+        old_status: None,
+        new_status: status.into(),
+        old_generation: None,
+        new_generation: None,
+        old_model_version: None,
+        new_model_version: None,
+        old_lease_token: None,
+        new_lease_token: None,
+        worker_id: None,
+        attempt: 0,
+        output: output.map(str::to_owned),
+        txid: None,
+        backend_pid: None,
+        recorded_us: None,
+        writer: None,
+    };
+    let case = |writes: Vec<AuditRow>| SystemCase {
+        number: 1,
+        fault: FaultKind::KillPoolChild,
+        request: "r".into(),
+        final_writes: 0,
+        writes,
+        violations: Vec::new(),
+        not_judged: Vec::new(),
+        effect: None,
+        landed: false,
+        diagram: Vec::new(),
+        lanes: Vec::new(),
+        elapsed_ms: 0,
+        model_calls: 1,
+    };
+    // The app writes `done` with its output; the file lists SUCCEEDED and FAILED.
+    let cases = [case(vec![
+        write("RUNNING", None),
+        write("done", Some("cat")),
+    ])];
+    let message = terminal_matches_nothing(&system, &cases).expect("the list's error");
+    assert!(message.contains("set \"done\""), "{message}");
+    assert!(
+        message.contains("other statuses written: \"RUNNING\""),
+        "{message}"
+    );
+    // A job really lost (no output stored) is the system's failure, not the file's.
+    assert_eq!(
+        terminal_matches_nothing(&system, &[case(vec![write("RUNNING", None)])]),
+        None
+    );
+    // Once any write set a listed status, the list is right.
+    let cases = [
+        case(vec![write("done", Some("cat"))]),
+        case(vec![write("SUCCEEDED", Some("cat"))]),
+    ];
+    assert_eq!(terminal_matches_nothing(&system, &cases), None);
+}
