@@ -19,6 +19,7 @@ crate::tests!(
     celery_lock_takeover_is_caught_on_the_wire_by_its_lock_keys,
     apalis_example_certifies_itself_from_its_own_cargo_test_and_its_files,
     celery_fenced_but_acked_loses_a_job_when_its_pool_child_is_killed,
+    celery_submitted_by_the_teams_own_command_with_spaces_in_the_input,
 );
 
 fn example(file: &str) -> PathBuf {
@@ -230,6 +231,21 @@ async fn system_files_that_cannot_work_fail_naming_the_place(bed: &TestBed) -> a
             &format!("{command_line}\nsetup = \"echo no toolchain here >&2; exit 4\""),
         ),
         &["naive.toml:11:9", "exit status: 4", "no toolchain here"],
+    )
+    .await?;
+
+    // A `terminal` list naming no status the task writes: the file's error at that line, with
+    // the status the task wrote its output with; not a lost job.
+    refused(
+        text.replace(
+            "terminal = [\"SUCCEEDED\", \"FAILED\"]",
+            "terminal = [\"DONE\"]",
+        ),
+        &[
+            "naive.toml:40:12",
+            "`terminal` = [\"DONE\"] matches no status",
+            "stored an output set \"SUCCEEDED\"",
+        ],
     )
     .await?;
 
@@ -553,6 +569,32 @@ async fn celery_fenced_but_acked_loses_a_job_when_its_pool_child_is_killed(
                 .any(|v| v.invariant.name() == "no-lost-job")
             && failing.landed,
         "the pool child holding the job was killed and the job lost:\n{text}"
+    );
+    Ok(())
+}
+
+/// `[submit] command`: the example's own `submit.py`, as docs/systems.md writes it, unquoted; the
+/// case's input has spaces (`... hello world N`), which racecert quotes for the shell, so the
+/// script gets it as one argument and the fenced task ends the request with one final write.
+async fn celery_submitted_by_the_teams_own_command_with_spaces_in_the_input(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let path = example("celery-worker/fenced.toml");
+    let text = std::fs::read_to_string(&path)?.replace(
+        "task = \"tasks.infer_fenced\"\nargs = { request_id = \"{request_id}\", input = \"{input}\" }   # sent as kwargs\nqueue = \"celery\"\n",
+        "command = \"{venv}/bin/python submit.py {request_id} {input} --fenced\"\n",
+    );
+    anyhow::ensure!(
+        text.contains("submit.py {request_id}"),
+        "the [submit] table was replaced"
+    );
+    let system = System::parse(&text, &path)?;
+    let outcome = run_system(bed, &system, &settings(&[FaultKind::KillMain])).await?;
+    let text = summary(&outcome);
+    let case = outcome.cases.first();
+    anyhow::ensure!(
+        outcome.passed() && case.is_some_and(|c| c.final_writes == 1),
+        "the request submitted by submit.py ends with one final write:\n{text}"
     );
     Ok(())
 }
