@@ -113,8 +113,8 @@ impl WorkerVersions {
     }
 }
 
-/// Who took each job's lease and when (the events' milliseconds, when its `SET` was answered),
-/// per idempotency key, in order, with the round trip as proof: the job's owner at any moment is
+/// Who took each job's lease and when (the events' milliseconds, when its `SET` reached the
+/// server), per idempotency key, in time order, with the round trip as proof: the job's owner at any moment is
 /// the last one before it.
 pub(super) fn lease_takers(
     history: &History,
@@ -135,7 +135,13 @@ pub(super) fn lease_takers(
         let Some(job) = command.keys.first().and_then(|k| keys.lease_of(k)) else {
             continue;
         };
-        let at = match (history.wire_origin_ms, wire.trip.answered_us) {
+        // When Redis ran it: when the SET reached the server (a held SET runs at its release,
+        // not when it was sent), as lease discipline orders them; two held SETs let go together
+        // are answered in either order, but run in the order they went on.
+        let at = match (
+            history.wire_origin_ms,
+            wire.trip.forwarded_us.or(wire.trip.answered_us),
+        ) {
             (Some(origin), Some(us)) => origin as f64 + us as f64 / 1000.0,
             _ => event.at_ms as f64,
         };
@@ -144,6 +150,9 @@ pub(super) fn lease_takers(
             wire.worker.clone(),
             proof(event, wire, namespace),
         ));
+    }
+    for taken in takers.values_mut() {
+        taken.sort_by(|a, b| a.0.total_cmp(&b.0));
     }
     takers
 }

@@ -95,6 +95,21 @@ async fn celery_naive_is_caught_by_restores_and_a_pool_child_kill(
             writers.len() == 2,
             "the two final writes come from two workers' wires:\n{text}"
         );
+        // The diagram draws both model calls from the wire, the second as a redelivery.
+        let calls: Vec<&str> = case
+            .diagram
+            .iter()
+            .filter(|a| a.label.starts_with("model call"))
+            .map(|a| a.label.as_str())
+            .collect();
+        anyhow::ensure!(
+            calls
+                == [
+                    "model call (attempt 1)",
+                    "model call (attempt 2: its message delivered again)"
+                ],
+            "both attempts' model calls are drawn: {calls:?}\n{text}"
+        );
     }
     // A killed pool child's message is acked by Celery (no reject_on_worker_lost): lost.
     anyhow::ensure!(

@@ -411,14 +411,7 @@ pub(super) async fn run_case(
     };
     let call_started = Instant::now();
     let taker_id = ctx.fleet.workers[taker].id.clone();
-    let taker_version = ctx.fleet.workers[taker].version.clone();
     let other = (taker + 1) % ctx.fleet.workers.len();
-    ctx.note(
-        &taker_id,
-        &format!("model {taker_version}"),
-        "model call (attempt 1)",
-        "message",
-    );
 
     ctx.aim.taker = taker;
     ctx.aim.other = other;

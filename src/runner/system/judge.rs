@@ -281,6 +281,7 @@ pub(super) async fn judge(
         })
         .collect();
     ctx.arrows.extend(own_keys);
+    ctx.arrows.extend(model_call_arrows(ctx, input));
     let model_calls = ctx.request_calls().await;
     let final_writes = case
         .history
@@ -321,6 +322,51 @@ pub(super) async fn judge(
         effect: ctx.effects.first().map(|(_, effect)| effect.clone()),
         landed: case.coverage.landed(fault) > 0,
     })
+}
+
+/// Every model call of the case's request, as the workers' backend links carried it (the body
+/// names the request's input, which no other request shares): from the worker to its version's
+/// model, numbered; a call after the first is an attempt of a message delivered again (the
+/// faults of a system case make no other kind of second attempt).
+fn model_call_arrows(ctx: &CaseCtx<'_, '_>, input: &str) -> Vec<Arrow> {
+    // The input as a JSON string body carries it (escaped, without its quotes).
+    let quoted = serde_json::to_string(input).unwrap_or_default();
+    let needle = quoted.trim_matches('"');
+    let version_of = |worker: &str| {
+        ctx.fleet
+            .workers
+            .iter()
+            .find(|w| w.id == worker)
+            .map(|w| w.version.clone())
+    };
+    let mut calls: Vec<(i64, String, String)> = case_trips(ctx)
+        .into_iter()
+        .filter_map(|(at, event)| match &event.trip.request {
+            Request::Http(http) if http.body.contains(needle) => {
+                Some((at, event.worker.clone(), version_of(&event.worker)?))
+            }
+            _ => None,
+        })
+        .collect();
+    calls.sort_by_key(|(at, _, _)| *at);
+    calls
+        .into_iter()
+        .enumerate()
+        .map(|(i, (at, worker, version))| Arrow {
+            at_ms: at - ctx.t0,
+            from: worker,
+            to: format!("model {version}"),
+            label: if i == 0 {
+                "model call (attempt 1)".to_owned()
+            } else {
+                format!(
+                    "model call (attempt {}: its message delivered again)",
+                    i + 1
+                )
+            },
+            kind: "message".into(),
+        })
+        .collect()
 }
 
 /// The round trips the workers sent since the case began, with their times.
