@@ -588,16 +588,19 @@ async fn celery_fenced_but_acked_loses_a_job_when_its_pool_child_is_killed(
     Ok(())
 }
 
-/// `[submit] command`: the example's own `submit.py`, as docs/systems.md writes it, unquoted; the
-/// case's input has spaces (`... hello world N`), which racecert quotes for the shell, so the
-/// script gets it as one argument and the fenced task ends the request with one final write.
+/// `[submit] command`: the example's own `submit.py`, as docs/systems.md writes it, unquoted,
+/// after an INSERT of the row as a team's API does before enqueueing. The case's input has spaces
+/// (`... hello world N`), which racecert quotes for the shell, so both get it as one argument;
+/// the fenced task ends the request with one final write; the INSERT came through the
+/// submitter's own links, so it is the submitter's, not a worker's.
 async fn celery_submitted_by_the_teams_own_command_with_spaces_in_the_input(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
     let path = example("celery-worker/fenced.toml");
+    let insert = "{venv}/bin/python -c \\\"import os, sys, psycopg; c = psycopg.connect(os.environ['DATABASE_URL']); c.execute('INSERT INTO inference_results (request_id, input) VALUES (%s, %s)', sys.argv[1:3]); c.commit()\\\" {request_id} {input}";
     let text = std::fs::read_to_string(&path)?.replace(
         "task = \"tasks.infer_fenced\"\nargs = { request_id = \"{request_id}\", input = \"{input}\" }   # sent as kwargs\nqueue = \"celery\"\n",
-        "command = \"{venv}/bin/python submit.py {request_id} {input} --fenced\"\n",
+        &format!("command = \"{insert} && {{venv}}/bin/python submit.py {{request_id}} {{input}} --fenced\"\n"),
     );
     anyhow::ensure!(
         text.contains("submit.py {request_id}"),
@@ -609,7 +612,17 @@ async fn celery_submitted_by_the_teams_own_command_with_spaces_in_the_input(
     let case = outcome.cases.first();
     anyhow::ensure!(
         outcome.passed() && case.is_some_and(|c| c.final_writes == 1),
-        "the request submitted by submit.py ends with one final write:\n{text}"
+        "the request submitted by the command ends with one final write:\n{text}"
+    );
+    let inserts: Vec<Option<&str>> = case
+        .into_iter()
+        .flat_map(|c| &c.writes)
+        .filter(|w| w.operation == "INSERT")
+        .map(|w| w.writer.as_deref())
+        .collect();
+    anyhow::ensure!(
+        inserts == [Some(racecert::runner::system::SUBMITTER)],
+        "the submitter's INSERT is its own: {inserts:?}\n{text}"
     );
     Ok(())
 }

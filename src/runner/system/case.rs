@@ -2,7 +2,7 @@
 //! framework's clients do, the fault applied (through [`crate::fault::apply`]: this case is the
 //! fault's [`Plane`]) once a worker took the request, then a drain.
 
-use super::fleet::{children_of, configure, open_links};
+use super::fleet::{children_of, configure, open_links, with_path};
 use super::judge::judge;
 use super::{Arrow, Fleet, SystemCase, Wire, now_ms, tail};
 use crate::env::TestBed;
@@ -249,7 +249,15 @@ impl CaseCtx<'_, '_> {
                 }
             }
             Submit::Command(command) => {
-                let redis_url = String::new();
+                // The submitter's own links (its writes are its own on the wire).
+                let links = &self
+                    .fleet
+                    .submitter
+                    .as_ref()
+                    .unwrap_or(&self.fleet.workers[0])
+                    .links;
+                let redis_url = with_path(links.redis_url(), &self.redis_db.to_string());
+                let database_url = with_path(links.database_url(), database);
                 let command = fill_shell(
                     command,
                     &[
@@ -257,7 +265,7 @@ impl CaseCtx<'_, '_> {
                         ("input", input),
                         ("venv", venv),
                         ("redis_url", &redis_url),
-                        ("database_url", database),
+                        ("database_url", &database_url),
                     ],
                 );
                 let output = Command::new("sh")
@@ -265,7 +273,10 @@ impl CaseCtx<'_, '_> {
                     .arg(&command)
                     .current_dir(&system.start.workdir)
                     .envs(
-                        self.fleet.workers[0]
+                        self.fleet
+                            .submitter
+                            .as_ref()
+                            .unwrap_or(&self.fleet.workers[0])
                             .env
                             .iter()
                             .map(|(k, v)| (k.as_str(), v.as_str())),

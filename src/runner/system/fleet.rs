@@ -59,6 +59,10 @@ pub(super) struct Fleet<'a> {
     pub(super) system: &'a System,
     pub(super) ready: Option<String>,
     pub(super) workers: Vec<Worker>,
+    /// With `[submit] command`: the submitter's own links and variables (the command runs with
+    /// the workers' variables filled for these), so what it writes is attributed to it, not to
+    /// a worker whose proxy it would otherwise share. Never started as a process.
+    pub(super) submitter: Option<Worker>,
     pub(super) lines: Lines,
     pub(super) wire: Wire,
     pub(super) readers: Vec<tokio::task::JoinHandle<()>>,

@@ -142,6 +142,7 @@ async fn history(ctx: &mut CaseCtx<'_, '_>, request: &str, input: &str) -> Resul
         .fleet
         .workers
         .iter()
+        .chain(&ctx.fleet.submitter)
         .flat_map(|w| {
             w.links
                 .backend_pids()
@@ -300,6 +301,9 @@ pub(super) async fn judge(
     let mut arrows = std::mem::take(&mut ctx.arrows);
     arrows.sort_by_key(|a| a.at_ms);
     let mut lanes = vec!["racecert".to_owned(), "redis".to_owned()];
+    if let Some(submitter) = &ctx.fleet.submitter {
+        lanes.push(submitter.id.clone());
+    }
     for worker in &ctx.fleet.workers {
         lanes.push(worker.id.clone());
     }

@@ -34,8 +34,8 @@ use crate::env::backends::ModelBackend;
 use crate::env::python::Venv;
 use crate::fault::{Effect, FaultKind};
 use crate::history::AuditRow;
-use crate::system::System;
 use crate::system::preset::audit_sql;
+use crate::system::{Submit, System};
 use crate::wire::WireEvent;
 use crate::{Error, Result};
 use case::{Aim, CaseCtx, run_case};
@@ -51,6 +51,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::process::Command;
+
+/// The lane and the writer name of a `[submit] command`'s writes.
+pub const SUBMITTER: &str = "submitter";
 
 /// Settings of a system run.
 #[derive(Debug, Clone)]
@@ -406,6 +409,32 @@ async fn run_with_backends(
         configure(system, &mut worker, redis_db, database, venv);
         workers.push(worker);
     }
+    let submitter = match &system.submit {
+        Submit::Command(_) => {
+            let (version, _) = system.versions.first().expect("validated: a version");
+            let links = open_links(
+                bed,
+                &wire,
+                SUBMITTER,
+                &(version.clone(), backends[0].addr()),
+            )
+            .await?;
+            let mut submitter = Worker {
+                id: SUBMITTER.to_owned(),
+                command: String::new(),
+                version: version.clone(),
+                env: Vec::new(),
+                model_url: links.backend_url(version).unwrap_or_default(),
+                links,
+                child: None,
+                starts: 0,
+                extra_env: Vec::new(),
+            };
+            configure(system, &mut submitter, redis_db, database, venv);
+            Some(submitter)
+        }
+        Submit::Preset { .. } => None,
+    };
     if let Some(setup) = &system.start.setup {
         // The caller's tool set-up only, none of the workers' variables nor racecert's own (a
         // build must not see the run's DATABASE_URL: sqlx's macros would check their queries
@@ -444,6 +473,7 @@ async fn run_with_backends(
         system,
         ready: system.start.ready.clone(),
         workers,
+        submitter,
         lines: lines.clone(),
         wire: wire.clone(),
         readers: Vec::new(),
@@ -537,7 +567,7 @@ async fn run_with_backends(
     for reader in std::mem::take(&mut fleet.readers) {
         let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
     }
-    for worker in &fleet.workers {
+    for worker in fleet.workers.iter().chain(&fleet.submitter) {
         worker.links.stop_recording();
     }
     result?;
