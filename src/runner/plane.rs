@@ -508,18 +508,7 @@ impl<'b> Services<'b> {
                 }
                 let flushed = self.flush_namespace().await;
                 for link in &self.links {
-                    // The listener closed with the disable; another process's probe for a free
-                    // port can hold it for a moment (seen with a `cargo test` beside a
-                    // `certify`): listening again is retried before it is an error.
-                    let mut enabled = link.links.redis.enable().await;
-                    for _ in 0..10 {
-                        if enabled.is_ok() {
-                            break;
-                        }
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        enabled = link.links.redis.enable().await;
-                    }
-                    enabled?;
+                    link.links.redis.enable_again().await?;
                 }
                 flushed?;
             }

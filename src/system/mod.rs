@@ -592,14 +592,12 @@ pub fn fill_shell(template: &str, values: &[(&str, &str)]) -> String {
     let quoted: Vec<(&str, String)> = values
         .iter()
         .map(|(name, value)| {
-            let value = shlex::try_quote(value)
-                .map(|q| q.into_owned())
-                // A NUL byte cannot be passed in an argument at all; it is dropped.
-                .unwrap_or_else(|_| {
-                    shlex::try_quote(&value.replace('\0', ""))
-                        .map_or_else(|_| String::new(), |q| q.into_owned())
-                });
-            (*name, value)
+            // A NUL byte cannot be passed in an argument at all (the only thing quoting
+            // refuses): it is dropped.
+            let value = value.replace('\0', "");
+            let quoted =
+                shlex::try_quote(&value).map_or_else(|_| String::new(), |q| q.into_owned());
+            (*name, quoted)
         })
         .collect();
     let values: Vec<(&str, &str)> = quoted.iter().map(|(n, v)| (*n, v.as_str())).collect();

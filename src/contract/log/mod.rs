@@ -321,16 +321,7 @@ pub fn format_timestamp(ts: jiff::Timestamp) -> String {
     let at = jiff::tz::Offset::UTC.to_datetime(ts);
     let Ok(year) = u32::try_from(at.year()) else {
         // Before the common era (jiff's range reaches -9999): signed, by the formatter.
-        return format!(
-            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
-            at.year(),
-            at.month(),
-            at.day(),
-            at.hour(),
-            at.minute(),
-            at.second(),
-            at.millisecond()
-        );
+        return formatted(at);
     };
     let mut out = *b"0000-00-00T00:00:00.000Z";
     let mut put = |at: usize, width: usize, mut value: u32| {
@@ -347,6 +338,20 @@ pub fn format_timestamp(ts: jiff::Timestamp) -> String {
     put(17, 2, at.second() as u32);
     put(20, 3, at.millisecond() as u32);
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// [`format_timestamp`]'s shape written by the formatting machinery.
+fn formatted(at: jiff::civil::DateTime) -> String {
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        at.year(),
+        at.month(),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second(),
+        at.millisecond()
+    )
 }
 
 #[cfg(test)]
@@ -367,17 +372,7 @@ mod tests {
             -377_705_023_201_000,
         ] {
             let ts = jiff::Timestamp::from_millisecond(millis).unwrap();
-            let at = jiff::tz::Offset::UTC.to_datetime(ts);
-            let expected = format!(
-                "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
-                at.year(),
-                at.month(),
-                at.day(),
-                at.hour(),
-                at.minute(),
-                at.second(),
-                at.millisecond()
-            );
+            let expected = formatted(jiff::tz::Offset::UTC.to_datetime(ts));
             assert_eq!(format_timestamp(ts), expected, "{millis}");
         }
     }

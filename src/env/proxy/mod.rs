@@ -450,6 +450,21 @@ impl Proxy {
         .await
     }
 
+    /// Enables a proxy that was disabled, retrying for about a second: while its listener was
+    /// closed, another process's probe for a free port can hold the port for a moment (seen with
+    /// a `cargo test` beside a `certify`). The last error if it never listens again.
+    pub async fn enable_again(&self) -> Result<()> {
+        let mut enabled = self.enable().await;
+        for _ in 0..10 {
+            if enabled.is_ok() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            enabled = self.enable().await;
+        }
+        enabled
+    }
+
     /// Points the proxy at a new upstream (after a container restart moved the service); the
     /// listen address, and so the address workers use, stays the same.
     pub async fn set_upstream(&self, upstream: SocketAddr) -> Result<()> {

@@ -138,15 +138,7 @@ impl CaseCtx<'_, '_> {
         let proxy = &self.fleet.workers[index].links.redis;
         proxy.disable().await?;
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let mut enabled = proxy.enable().await;
-        for _ in 0..5 {
-            if enabled.is_ok() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            enabled = proxy.enable().await;
-        }
-        if let Err(err) = enabled {
+        if let Err(err) = proxy.enable_again().await {
             // The listener's port was taken while it was closed (another process on this
             // machine bound it): the worker gets new links and a restart, whose start runs the
             // same restore sweep.

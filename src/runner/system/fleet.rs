@@ -32,6 +32,22 @@ pub(super) struct Worker {
 }
 
 impl Worker {
+    /// A worker (or the submitter) of `version` on `links`, not started, command and variables
+    /// still to be filled ([`configure`]).
+    pub(super) fn new(id: String, version: &str, links: CaseLinks) -> Worker {
+        Worker {
+            id,
+            command: String::new(),
+            version: version.to_owned(),
+            env: Vec::new(),
+            model_url: links.backend_url(version).unwrap_or_default(),
+            links,
+            child: None,
+            starts: 0,
+            extra_env: Vec::new(),
+        }
+    }
+
     pub(super) fn pid(&self) -> Option<i32> {
         self.child.as_ref().and_then(|c| c.id()).map(|p| p as i32)
     }

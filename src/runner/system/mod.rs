@@ -389,50 +389,20 @@ async fn run_with_backends(
     let lines: Lines = Arc::default();
     let wire: Wire = Arc::default();
     let mut workers = Vec::new();
-    for (i, (version, _)) in system.versions.iter().enumerate() {
-        let id = format!("worker-{}", (b'a' + i as u8) as char);
-        // The worker's own proxies, its version's model among them: every call it makes is
-        // recorded as its own.
+    let open = async |id: String, i: usize| -> Result<Worker> {
+        let (version, _) = &system.versions[i];
+        // Its own proxies, its version's model among them: every call it makes is recorded as
+        // its own.
         let links = open_links(bed, &wire, &id, &(version.clone(), backends[i].addr())).await?;
-        let model_url = links.backend_url(version).unwrap_or_default();
-        let mut worker = Worker {
-            id,
-            command: String::new(),
-            version: version.clone(),
-            env: Vec::new(),
-            links,
-            model_url,
-            child: None,
-            starts: 0,
-            extra_env: Vec::new(),
-        };
+        let mut worker = Worker::new(id, version, links);
         configure(system, &mut worker, redis_db, database, venv);
-        workers.push(worker);
+        Ok(worker)
+    };
+    for i in 0..system.versions.len() {
+        workers.push(open(format!("worker-{}", (b'a' + i as u8) as char), i).await?);
     }
     let submitter = match &system.submit {
-        Submit::Command(_) => {
-            let (version, _) = system.versions.first().expect("validated: a version");
-            let links = open_links(
-                bed,
-                &wire,
-                SUBMITTER,
-                &(version.clone(), backends[0].addr()),
-            )
-            .await?;
-            let mut submitter = Worker {
-                id: SUBMITTER.to_owned(),
-                command: String::new(),
-                version: version.clone(),
-                env: Vec::new(),
-                model_url: links.backend_url(version).unwrap_or_default(),
-                links,
-                child: None,
-                starts: 0,
-                extra_env: Vec::new(),
-            };
-            configure(system, &mut submitter, redis_db, database, venv);
-            Some(submitter)
-        }
+        Submit::Command(_) => Some(open(SUBMITTER.to_owned(), 0).await?),
         Submit::Preset { .. } => None,
     };
     if let Some(setup) = &system.start.setup {

@@ -6,13 +6,18 @@ use super::*;
 use crate::system::Framework;
 use crate::wire::{PgRequest, Reply, Request, TxStatus};
 
-#[test]
-fn a_fault_is_skipped_once_every_goal_it_serves_is_met() {
-    let case = |fault, broke: &[&str]| SystemCase {
+/// Case 1 of request `r`: its fault, writes and the invariants it broke; no diagram.
+fn case_of(
+    fault: FaultKind,
+    writes: Vec<AuditRow>,
+    broke: &[&str],
+    final_writes: usize,
+) -> SystemCase {
+    SystemCase {
         number: 1,
         fault,
         request: "r".into(),
-        writes: Vec::new(),
+        writes,
         violations: broke
             .iter()
             .map(|i| Violation {
@@ -28,8 +33,13 @@ fn a_fault_is_skipped_once_every_goal_it_serves_is_met() {
         lanes: Vec::new(),
         elapsed_ms: 0,
         model_calls: 1,
-        final_writes: 1,
-    };
+        final_writes,
+    }
+}
+
+#[test]
+fn a_fault_is_skipped_once_every_goal_it_serves_is_met() {
+    let case = |fault, broke: &[&str]| case_of(fault, Vec::new(), broke, 1);
     let duplicate = Goal {
         faults: vec![FaultKind::ForcedRestore, FaultKind::VisibilityOutlived],
         breaks: vec!["at-most-one-final-write".into()],
@@ -229,21 +239,7 @@ fn a_terminal_list_that_matches_no_written_status_is_the_files_error() {
         recorded_us: None,
         writer: None,
     };
-    let case = |writes: Vec<AuditRow>| SystemCase {
-        number: 1,
-        fault: FaultKind::KillPoolChild,
-        request: "r".into(),
-        final_writes: 0,
-        writes,
-        violations: Vec::new(),
-        not_judged: Vec::new(),
-        effect: None,
-        landed: false,
-        diagram: Vec::new(),
-        lanes: Vec::new(),
-        elapsed_ms: 0,
-        model_calls: 1,
-    };
+    let case = |writes: Vec<AuditRow>| case_of(FaultKind::KillPoolChild, writes, &[], 0);
     // The app writes `done` with its output; the file lists SUCCEEDED and FAILED.
     let cases = [case(vec![
         write("RUNNING", None),
