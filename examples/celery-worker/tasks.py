@@ -1,10 +1,13 @@
 """An inference worker written the way a team writes it on Celery 5 with the Redis broker.
 
-Three tasks do the same job (create the result row, call the model, store its output):
+Four tasks do the same job (create the result row, call the model, store its output):
 
 - ``tasks.infer_naive`` ends with a plain ``UPDATE ... WHERE request_id = ...``: when Celery runs a
   request twice (the message outlived ``visibility_timeout`` and was restored while the first
   attempt was still running), both attempts write and the slower one overwrites the faster one.
+- ``tasks.infer_retrying`` is the naive task with Celery's ``autoretry_for`` on upstream errors:
+  a model call that outlives ``MODEL_TIMEOUT_S`` marks the row FAILED and the retry writes
+  SUCCEEDED over it, a final result taken back.
 - ``tasks.infer_fenced`` takes an epoch at start and writes only while that epoch is still the
   row's: of two overlapping attempts only the one that took the latest epoch writes; the other one
   logs ``late_write_rejected`` and discards its result. It also sets ``reject_on_worker_lost`` so a
@@ -122,13 +125,42 @@ def received(task, request_id):
 def infer_naive(self, request_id, input):
     """Call the model and store its answer: last writer wins."""
     received(self, request_id)
+    run_naive(self, request_id, input)
+
+
+# The errors of a model call that a retry may cure: a timeout (urllib raises TimeoutError from a
+# read that outlived MODEL_TIMEOUT_S), a refused or reset connection, an HTTP error.
+UPSTREAM_ERRORS = (urllib.error.URLError, TimeoutError, ConnectionError)
+
+
+@app.task(
+    bind=True,
+    name="tasks.infer_retrying",
+    autoretry_for=UPSTREAM_ERRORS,
+    retry_backoff=1,
+    retry_backoff_max=2,
+    retry_jitter=False,
+    max_retries=3,
+)
+def infer_retrying(self, request_id, input):
+    """The naive task with the retry a team adds once the model starts timing out: an upstream
+    error marks the row FAILED (so a client polling it hears at once) and Celery retries the task;
+    the retry's success then writes SUCCEEDED over FAILED. Two final writes for one request: the
+    client that read FAILED was told something the table later took back."""
+    received(self, request_id)
+    run_naive(self, request_id, input)
+
+
+def run_naive(task, request_id, input):
+    """The naive body: row, model call, a plain UPDATE of the final result (FAILED on an upstream
+    error, then the error raised again)."""
     with connect() as conn:
         ensure_row(conn, request_id, input)
-        step(self, request_id, "inference_started")
+        step(task, request_id, "inference_started")
         try:
             output = call_model(input)
         except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
-            step(self, request_id, "upstream_failed", logging.WARNING, error=exc)
+            step(task, request_id, "upstream_failed", logging.WARNING, error=exc)
             conn.execute(
                 "UPDATE inference_results SET status = 'FAILED', owner = %s, updated_at = now()"
                 " WHERE request_id = %s",
@@ -140,7 +172,7 @@ def infer_naive(self, request_id, input):
             " owner = %s, updated_at = now() WHERE request_id = %s",
             (output, MODEL_VERSION, WORKER_NAME, request_id),
         )
-    step(self, request_id, "inference_succeeded", write="result_store")
+    step(task, request_id, "inference_succeeded", write="result_store")
     return None
 
 

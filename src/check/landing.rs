@@ -262,8 +262,49 @@ pub(super) fn framework(history: &History, kind: FaultKind, worker: &str, at: i6
             reserved(history, at)
                 && (taken_by_another(history, worker, at) || received_after(history, at))
         }
+        // The second submission reached a worker (or the team's API acted on it) while the
+        // first attempt still held the request.
+        FaultKind::ApiResubmission => {
+            held(history, worker, at)
+                && (taken_by_another(history, worker, at) || received_after(history, at))
+        }
+        FaultKind::UpstreamTimeout => hung_up(history, worker, at),
+        FaultKind::Partition => cut_off(history, worker, at),
         _ => false,
     }
+}
+
+/// Whether the partition begun at `at` met `worker` while it held the request: a round trip of
+/// the worker's, sent after the cut, got no answer (its connection ended first). The statement
+/// the model's answer leads to, or what a pool sends before it (a ping, a new connection's
+/// start-up), or a retry's reconnect: an operation of the job failed in the partition.
+fn cut_off(history: &History, worker: &str, at: i64) -> bool {
+    held(history, worker, at)
+        && history.events.iter().any(|event| match &event.kind {
+            EventKind::Wire(wire) => {
+                wire.worker == worker
+                    && !matches!(wire.trip.request, Request::Http(_))
+                    && wire.trip.reply.is_none()
+                    && sent_ms(history, event, &wire.trip) >= at
+            }
+            _ => false,
+        })
+}
+
+/// Whether `worker` hung up on a model call of the request it had sent by `at`: the call's
+/// connection ended before any answer came (its own timeout gave up on it first).
+fn hung_up(history: &History, worker: &str, at: i64) -> bool {
+    let names = names(history);
+    history.events.iter().any(|event| match &event.kind {
+        EventKind::Wire(wire) => {
+            wire.worker == worker
+                && matches!(wire.trip.request, Request::Http(_))
+                && wire.trip.reply.is_none()
+                && names_request(&wire.trip, &names)
+                && sent_ms(history, event, &wire.trip) <= at
+        }
+        _ => false,
+    })
 }
 
 #[cfg(test)]
@@ -434,5 +475,41 @@ mod tests {
         ));
         // Before the call was sent, worker-a held nothing.
         assert!(!framework(&history, FaultKind::KillMain, "worker-a", 50));
+        // A resubmission at 500 lands like a redelivery: worker-b acted on the request after.
+        assert!(framework(
+            &history,
+            FaultKind::ApiResubmission,
+            "worker-a",
+            500
+        ));
+        // worker-a's call got no answer: it hung up (its timeout); worker-b's was answered.
+        assert!(framework(
+            &history,
+            FaultKind::UpstreamTimeout,
+            "worker-a",
+            500
+        ));
+        assert!(!framework(
+            &history,
+            FaultKind::UpstreamTimeout,
+            "worker-b",
+            1600
+        ));
+        // A partition at 500 met worker-a only if something it sent after the cut got no answer.
+        assert!(!framework(&history, FaultKind::Partition, "worker-a", 500));
+        let mut cut = history.clone();
+        let sync = Request::Postgres(PgRequest::Batch(crate::wire::PgBatch {
+            mode: crate::wire::PgProtocol::Extended,
+            statements: Vec::new(),
+        }));
+        cut.events
+            .push(wire(800, "worker-a", trip(sync.clone(), None, 700, 0)));
+        assert!(framework(&cut, FaultKind::Partition, "worker-a", 500));
+        // Sent before the cut, it is not the partition's doing; nor on a worker that held nothing.
+        assert!(!framework(&cut, FaultKind::Partition, "worker-a", 750));
+        let mut idle = history.clone();
+        idle.events
+            .push(wire(800, "worker-b", trip(sync, None, 700, 0)));
+        assert!(!framework(&idle, FaultKind::Partition, "worker-b", 500));
     }
 }

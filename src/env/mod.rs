@@ -813,17 +813,19 @@ impl TestBed {
     }
 
     /// Links in front of Redis, Postgres and the given model backends outside the bed (version,
-    /// address): a team's system's own, whose calls are then framed like the bed's.
+    /// address): a team's system's own, whose calls are then framed like the bed's; `holdable` as
+    /// for [`TestBed::links_with`].
     pub async fn links_to(
         &self,
         models: &[(String, SocketAddr)],
         record: bool,
+        holdable: bool,
     ) -> Result<CaseLinks> {
         let models = models
             .iter()
             .map(|(version, addr)| (version.clone(), Target::Upstream(*addr)))
             .collect();
-        self.links_over(models, record, false).await
+        self.links_over(models, record, holdable).await
     }
 
     async fn links_over(

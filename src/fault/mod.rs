@@ -86,8 +86,9 @@ pub enum Fault {
         /// How many calls fail.
         calls: u64,
     },
-    /// A fault of a framework's own machinery ([`FaultKind::is_framework`]), aimed at worker
-    /// `worker`: the one holding the case's request.
+    /// A fault of a team's system, aimed at worker `worker`: the one holding the case's request.
+    /// Its kind is one of the framework's own machinery or the API's
+    /// ([`FaultKind::is_framework`]), or an upstream timeout of that worker's model call.
     Framework {
         /// Which one.
         kind: FaultKind,
@@ -181,11 +182,14 @@ pub enum FaultKind {
     /// Celery: a worker with a prefetch multiplier above 1 reserves the request behind a slow
     /// task; the reserved delivery outlives `visibility_timeout` and a sweep restores it.
     PrefetchRestore,
+    /// A team's system: the same request submitted again, with the same key, while its first
+    /// attempt runs, as an API does after its own client timed out.
+    ApiResubmission,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 16] = [
+    pub const ALL: [FaultKind; 17] = [
         FaultKind::UpstreamTimeout,
         FaultKind::RetryOverlap,
         FaultKind::LeaseExpiry,
@@ -202,11 +206,13 @@ impl FaultKind {
         FaultKind::WarmShutdown,
         FaultKind::HeartbeatMiss,
         FaultKind::PrefetchRestore,
+        FaultKind::ApiResubmission,
     ];
 
-    /// The kinds a framework's own machinery has (a team's system, `certify --system`); which of
-    /// them a framework has is its preset's business (`system::preset`).
-    pub const FRAMEWORK: [FaultKind; 7] = [
+    /// The kinds only a team's system has (`certify --system`): its framework's own machinery,
+    /// and its API submitting again; which of them a framework has is its preset's business
+    /// (`system::preset`).
+    pub const FRAMEWORK: [FaultKind; 8] = [
         FaultKind::VisibilityOutlived,
         FaultKind::ForcedRestore,
         FaultKind::KillPoolChild,
@@ -214,6 +220,7 @@ impl FaultKind {
         FaultKind::WarmShutdown,
         FaultKind::HeartbeatMiss,
         FaultKind::PrefetchRestore,
+        FaultKind::ApiResubmission,
     ];
 
     /// kebab-case name.
@@ -235,6 +242,7 @@ impl FaultKind {
             FaultKind::WarmShutdown => "warm-shutdown",
             FaultKind::HeartbeatMiss => "heartbeat-miss",
             FaultKind::PrefetchRestore => "prefetch-restore",
+            FaultKind::ApiResubmission => "api-resubmission",
         }
     }
 
@@ -264,6 +272,9 @@ impl FaultKind {
             }
             FaultKind::PrefetchRestore => {
                 "a delivery reserved behind a slow task was restored and delivered again"
+            }
+            FaultKind::ApiResubmission => {
+                "the request, submitted again while its first attempt ran, reached a worker"
             }
         }
     }
@@ -682,6 +693,40 @@ pub trait Plane: Send {
     ) -> impl Future<Output = Result<Option<String>>> + Send {
         async move { Err(not_here(FaultKind::PrefetchRestore, worker)) }
     }
+
+    /// Submits the request worker `worker` holds again, with the same key, while its first
+    /// attempt runs (an API resubmitting after its own client timed out).
+    /// Returns what was done, in a phrase, or None when the worker had nothing to hit; called
+    /// only when [`Plane::can_apply`] allows [`FaultKind::ApiResubmission`].
+    fn resubmit(&mut self, worker: usize) -> impl Future<Output = Result<Option<String>>> + Send {
+        async move { Err(not_here(FaultKind::ApiResubmission, worker)) }
+    }
+
+    /// Holds the model's answer to worker `worker`'s call past the worker's own timeout, so its
+    /// timeout path (its retry, its failure write) runs while the call may still complete.
+    /// Returns what was done, in a phrase, or None when the worker had nothing to hit; called
+    /// only when [`Plane::can_apply`] allows [`FaultKind::UpstreamTimeout`] aimed at a worker
+    /// ([`Fault::Framework`]); racecert's own beds slow a version instead
+    /// ([`Fault::UpstreamTimeout`]).
+    fn outlast_model_timeout(
+        &mut self,
+        worker: usize,
+    ) -> impl Future<Output = Result<Option<String>>> + Send {
+        async move { Err(not_here(FaultKind::UpstreamTimeout, worker)) }
+    }
+
+    /// Cuts worker `worker`'s own database link mid-call, across the end of its model call (so
+    /// the write the answer leads to meets the cut), then heals it.
+    /// Returns what was done, in a phrase, or None when the worker had nothing to hit; called
+    /// only when [`Plane::can_apply`] allows [`FaultKind::Partition`] aimed at a worker
+    /// ([`Fault::Framework`]); racecert's own beds cut a service for every worker
+    /// ([`Fault::Partition`]).
+    fn partition_worker(
+        &mut self,
+        worker: usize,
+    ) -> impl Future<Output = Result<Option<String>>> + Send {
+        async move { Err(not_here(FaultKind::Partition, worker)) }
+    }
 }
 
 /// A plane asked for what it said it cannot do ([`Plane::can_apply`] lied): a harness bug.
@@ -791,6 +836,9 @@ pub async fn apply<P: Plane>(fault: &Fault, plane: &mut P) -> Result<Effect> {
                 FaultKind::WarmShutdown => plane.warm_shutdown(*worker).await?,
                 FaultKind::HeartbeatMiss => plane.miss_heartbeats(*worker).await?,
                 FaultKind::PrefetchRestore => plane.restore_prefetched(*worker).await?,
+                FaultKind::ApiResubmission => plane.resubmit(*worker).await?,
+                FaultKind::UpstreamTimeout => plane.outlast_model_timeout(*worker).await?,
+                FaultKind::Partition => plane.partition_worker(*worker).await?,
                 other => {
                     return Ok(Effect::NotApplicable {
                         kind: *other,

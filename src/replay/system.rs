@@ -2,7 +2,8 @@
 //! log's diagnoses ([`super::diagnose`], each with its line numbers) are mapped to the faults the
 //! system's framework really has that re-create them ([`faults_for`]: a redelivery after the
 //! visibility timeout to `visibility-outlived` / `forced-restore`, a crash to `kill-pool-child` /
-//! `kill-main`, ...), those faults run as cases against the team's worker
+//! `kill-main`, a retry while the first attempt runs to `upstream-timeout` / `api-resubmission`,
+//! ...), those faults run as cases against the team's worker
 //! ([`crate::runner::system::run_system`], one case per fault), and every diagnosis is reported
 //! as reproduced on the team's worker (with the case and its replay command), prevented by it, or
 //! not reproducible with that framework, with the reason.
@@ -57,6 +58,13 @@ pub fn faults_for(
         (Framework::Celery, MultipleWorkers | RetryWhileRunning) => {
             Ok((vec![ForcedRestore, VisibilityOutlived], DUPLICATE))
         }
+        // Without a framework's redelivery, a retry while the first attempt ran is the app's own
+        // retry after its model call timed out, or the API submitting again.
+        (Framework::Custom, RetryWhileRunning) => {
+            Ok((vec![UpstreamTimeout, ApiResubmission], DUPLICATE))
+        }
+        // Each retry submitted as a new job: the API submitting the request again is that retry.
+        (_, NewJobIdPerRetry) => Ok((vec![ApiResubmission], DUPLICATE)),
         (Framework::Celery, LateWrite | MultipleFinalWrites) => Ok((
             vec![ForcedRestore, VisibilityOutlived, PrefetchRestore],
             DUPLICATE,
@@ -81,17 +89,14 @@ pub fn faults_for(
         (Framework::Apalis | Framework::Custom, LostJob | AckBeforeFinalWrite) => {
             Ok((vec![KillMain], LOST))
         }
-        (
-            Framework::Custom,
-            VisibilityTimeoutTooShort
-            | MultipleWorkers
-            | RetryWhileRunning
-            | LateWrite
-            | MultipleFinalWrites
-            | VersionSkew
-            | ImperfectDrain,
-        ) => Err(
-            "a `custom` system has no redelivery racecert can force (no framework preset): only kill-main applies, which re-creates a lost job, not a second attempt",
+        // A custom system has no redelivery racecert can force; the second attempt these causes
+        // need comes from the request submitted again while the first attempt runs.
+        (Framework::Custom, MultipleWorkers | LateWrite | MultipleFinalWrites) => {
+            Ok((vec![ApiResubmission], DUPLICATE))
+        }
+        (Framework::Custom, VersionSkew | ImperfectDrain) => Ok((vec![ApiResubmission], SKEW)),
+        (Framework::Custom, VisibilityTimeoutTooShort) => Err(
+            "a `custom` system has no queue visibility timeout racecert can outlive (no framework preset); api-resubmission makes a second attempt, which the log's other diagnoses use",
         ),
         (_, CrossVersionCache | UnversionedCacheKey | CacheHitBeforeInvalidation) => Err(
             "a cache race needs a version cutover between two requests sharing a cache entry, and the system runner has no cutover fault yet (`[keys] cache` judges the cache reads and writes its cases make); `racecert replay LOG` without --system re-creates it on racecert's reference worker",
@@ -101,9 +106,6 @@ pub fn faults_for(
         ),
         (_, LeaseTtlTooShort) => Err(
             "a lease race is judged on the wire from the worker's own lock keys: name them in the system file (`[keys] lease = \"lock:{key}\"`); `racecert replay LOG` without --system re-creates it on racecert's reference worker",
-        ),
-        (_, NewJobIdPerRetry) => Err(
-            "a retry under a new job id is made by the submitter: racecert submits each request once, through the framework",
         ),
     }
 }

@@ -1078,7 +1078,7 @@ mod tests {
                 prefetch_multiplier: 1,
                 reject_on_worker_lost: false,
             })
-            .model_timeout(Duration::from_secs(30));
+            .model_timeout(Duration::from_secs(15));
         for (name, value) in &file.start.env {
             builder = builder.env(name, value);
         }

@@ -11,10 +11,13 @@ use std::time::Duration;
 
 /// The fault kinds a framework really has, weighted: the redelivery faults twice, since they are
 /// what turns a slow attempt into a second writer. Every framework has `kill-main` (for apalis,
-/// a restart under the same worker name).
+/// a restart under the same worker name), and every system has an API that may submit a request
+/// again (`api-resubmission`), a model call that may outlast the worker's own timeout
+/// (`upstream-timeout`: its retry or failure path runs while the call may still complete) and a
+/// database link that may fail under a worker mid-job (`partition`).
 pub fn faults(framework: Framework) -> Vec<FaultKind> {
     use FaultKind::*;
-    match framework {
+    let mut own = match framework {
         Framework::Celery => vec![
             ForcedRestore,
             VisibilityOutlived,
@@ -27,7 +30,9 @@ pub fn faults(framework: Framework) -> Vec<FaultKind> {
         ],
         Framework::Apalis => vec![HeartbeatMiss, HeartbeatMiss, KillMain],
         Framework::Custom => vec![KillMain],
-    }
+    };
+    own.extend([ApiResubmission, UpstreamTimeout, Partition]);
+    own
 }
 
 /// The kinds of a framework, by name, for messages.
@@ -39,10 +44,24 @@ pub fn fault_names(framework: Framework) -> String {
 }
 
 /// How long the first attempt's model call must last for `kind` to land while it runs: past the
-/// broker's visibility timeout (`visibility`) or the heartbeat deadline (`orphan`) where the
-/// fault needs it, a few seconds otherwise.
-pub fn call_hold(kind: FaultKind, visibility: Duration, orphan: Duration) -> Duration {
+/// broker's visibility timeout (`visibility`), the heartbeat deadline (`orphan`) or the worker's
+/// own model timeout (`model`) where the fault needs it, a few seconds otherwise. Every kind but
+/// `upstream-timeout` stays below `model`: a slow model the worker waits for, not a failure.
+pub fn call_hold(
+    kind: FaultKind,
+    visibility: Duration,
+    orphan: Duration,
+    model: Duration,
+) -> Duration {
+    let below = model.saturating_sub(Duration::from_millis(500));
     match kind {
+        // Past the worker's timeout by a margin a loaded machine keeps: the worker hangs up first.
+        FaultKind::UpstreamTimeout => return model + Duration::from_secs(1),
+        // Long enough for the second submission to reach a worker while the first call runs.
+        FaultKind::ApiResubmission => return Duration::from_secs(5).min(below),
+        _ => {}
+    }
+    let hold = match kind {
         FaultKind::VisibilityOutlived => visibility + Duration::from_secs(6),
         FaultKind::ForcedRestore => Duration::from_secs(6),
         // The task in front of the request runs past the request's visibility timeout and the
@@ -50,7 +69,8 @@ pub fn call_hold(kind: FaultKind, visibility: Duration, orphan: Duration) -> Dur
         FaultKind::PrefetchRestore => visibility + Duration::from_secs(8),
         FaultKind::HeartbeatMiss => orphan + Duration::from_secs(6),
         _ => Duration::from_secs(3),
-    }
+    };
+    hold.min(below)
 }
 
 /// kombu's Redis transport keys (defaults; `global_keyprefix` empty).

@@ -20,6 +20,8 @@ crate::tests!(
     apalis_example_certifies_itself_from_its_own_cargo_test_and_its_files,
     celery_fenced_but_acked_loses_a_job_when_its_pool_child_is_killed,
     celery_submitted_by_the_teams_own_command_with_spaces_in_the_input,
+    celery_retry_after_an_upstream_timeout_or_a_resubmission_writes_twice_and_fenced_passes,
+    the_apalis_examples_lock_file_holds_racecerts_dependencies,
 );
 
 fn example(file: &str) -> PathBuf {
@@ -64,10 +66,12 @@ async fn celery_naive_is_caught_by_restores_and_a_pool_child_kill(
         FaultKind::ForcedRestore,
         FaultKind::KillPoolChild,
         FaultKind::VisibilityOutlived,
+        FaultKind::ApiResubmission,
+        FaultKind::Partition,
     ];
     let outcome = run_system(bed, &system, &settings(&faults)).await?;
     let text = summary(&outcome);
-    anyhow::ensure!(outcome.cases.len() == 3, "three cases ran:\n{text}");
+    anyhow::ensure!(outcome.cases.len() == 5, "five cases ran:\n{text}");
     let invariants = |n: usize| -> Vec<&str> {
         outcome.cases[n]
             .violations
@@ -75,9 +79,13 @@ async fn celery_naive_is_caught_by_restores_and_a_pool_child_kill(
             .map(|v| v.invariant.name())
             .collect()
     };
-    // A restored delivery runs again while the first attempt still runs: both write, the slower
-    // (older model) last.
-    for n in [0, 2] {
+    // A restored delivery, or the request submitted again, runs again while the first attempt
+    // still runs: both write, the slower (older model) last.
+    for (n, again) in [
+        (0, "its message delivered again"),
+        (2, "its message delivered again"),
+        (3, "the request submitted again"),
+    ] {
         let case = &outcome.cases[n];
         anyhow::ensure!(
             invariants(n) == ["at-most-one-final-write"] && case.final_writes == 2,
@@ -95,7 +103,7 @@ async fn celery_naive_is_caught_by_restores_and_a_pool_child_kill(
             writers.len() == 2,
             "the two final writes come from two workers' wires:\n{text}"
         );
-        // The diagram draws both model calls from the wire, the second as a redelivery.
+        // The diagram draws both model calls from the wire, the second as what made it.
         let calls: Vec<&str> = case
             .diagram
             .iter()
@@ -105,16 +113,30 @@ async fn celery_naive_is_caught_by_restores_and_a_pool_child_kill(
         anyhow::ensure!(
             calls
                 == [
-                    "model call (attempt 1)",
-                    "model call (attempt 2: its message delivered again)"
+                    "model call (attempt 1)".to_owned(),
+                    format!("model call (attempt 2: {again})")
                 ],
             "both attempts' model calls are drawn: {calls:?}\n{text}"
         );
+        anyhow::ensure!(case.landed, "case {} landed:\n{text}", case.number);
     }
-    // A killed pool child's message is acked by Celery (no reject_on_worker_lost): lost.
+    // A killed pool child's message is acked by Celery (no reject_on_worker_lost): lost. So is
+    // one whose final UPDATE a partition cut: psycopg raises, Celery acks the failed task.
+    for n in [1, 4] {
+        anyhow::ensure!(
+            invariants(n) == ["no-lost-job"] && outcome.cases[n].landed,
+            "case {} ({}) must lose the job:\n{text}",
+            n + 1,
+            outcome.cases[n].fault
+        );
+    }
     anyhow::ensure!(
-        invariants(1) == ["no-lost-job"],
-        "case 2 (kill-pool-child) must lose the job:\n{text}"
+        outcome.cases[4]
+            .diagram
+            .iter()
+            .any(|a| a.label.starts_with("UPDATE inference_results")
+                && a.label.ends_with("its connection ended first")),
+        "the diagram shows the final UPDATE the partition cut, from the wire:\n{text}"
     );
     let report =
         racecert::report::system::system_text(&outcome, &example("celery-worker/naive.toml"));
@@ -139,6 +161,7 @@ async fn celery_fenced_passes_every_celery_fault(bed: &TestBed) -> anyhow::Resul
         FaultKind::KillPoolChild,
         FaultKind::KillMain,
         FaultKind::WarmShutdown,
+        FaultKind::Partition,
     ];
     let outcome = run_system(bed, &system, &settings(&faults)).await?;
     let text = summary(&outcome);
@@ -158,6 +181,86 @@ async fn celery_fenced_passes_every_celery_fault(bed: &TestBed) -> anyhow::Resul
             case.fault
         );
     }
+    Ok(())
+}
+
+/// The two faults every system has besides its framework's: a model call that outlives the
+/// worker's own timeout (the app's retry or failure path runs while the model still computes)
+/// and the API submitting the request again while its first attempt runs. The retrying task
+/// (Celery `autoretry_for` on upstream errors, FAILED written first) writes FAILED, then its
+/// retry SUCCEEDED over it; resubmitted, it runs twice and writes twice. The fenced task writes
+/// once under both. Both faults land on every run, judged from the wire: the first call never
+/// answered (the worker hung up), the second submission acted on by a worker.
+async fn celery_retry_after_an_upstream_timeout_or_a_resubmission_writes_twice_and_fenced_passes(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let faults = [FaultKind::UpstreamTimeout, FaultKind::ApiResubmission];
+    let retrying = System::load(&example("celery-worker/retrying.toml"))?;
+    let outcome = run_system(bed, &retrying, &settings(&faults)).await?;
+    let text = summary(&outcome);
+    anyhow::ensure!(outcome.cases.len() == 2, "two cases ran:\n{text}");
+    for case in &outcome.cases {
+        let broke: Vec<&str> = case.violations.iter().map(|v| v.invariant.name()).collect();
+        anyhow::ensure!(
+            case.landed && broke == ["at-most-one-final-write"] && case.final_writes == 2,
+            "case {} ({}) landed and wrote twice:\n{text}",
+            case.number,
+            case.fault
+        );
+    }
+    let timed_out = &outcome.cases[0];
+    let statuses: Vec<&str> = timed_out
+        .writes
+        .iter()
+        .map(|w| w.new_status.as_str())
+        .filter(|s| *s != "PENDING")
+        .collect();
+    anyhow::ensure!(
+        statuses == ["FAILED", "SUCCEEDED"],
+        "the timed-out attempt wrote FAILED, its retry SUCCEEDED over it: {statuses:?}\n{text}"
+    );
+    anyhow::ensure!(
+        timed_out.diagram.iter().any(|a| a.label
+            == "model call (attempt 1), never answered: the worker hung up (its timeout) or died first"),
+        "the diagram shows the call the worker hung up on:\n{text}"
+    );
+    let fenced = System::load(&example("celery-worker/fenced.toml"))?;
+    let outcome = run_system(bed, &fenced, &settings(&faults)).await?;
+    let text = summary(&outcome);
+    anyhow::ensure!(
+        outcome.passed()
+            && outcome
+                .cases
+                .iter()
+                .all(|c| c.landed && c.final_writes == 1),
+        "the fenced task passes both, each landed, one final write each:\n{text}"
+    );
+    Ok(())
+}
+
+/// The apalis example's system files build it with `cargo build --locked`, and its own test
+/// builds racecert as a dependency from that lock file: a dependency added to racecert and not to
+/// the example's lock breaks both for a newcomer. Resolving it `--locked` says so in seconds.
+async fn the_apalis_examples_lock_file_holds_racecerts_dependencies(
+    _bed: &TestBed,
+) -> anyhow::Result<()> {
+    let out = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
+        .args([
+            "metadata",
+            "--locked",
+            "--format-version",
+            "1",
+            "--manifest-path",
+        ])
+        .arg(example("apalis-worker/Cargo.toml"))
+        .stdout(std::process::Stdio::null())
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "examples/apalis-worker/Cargo.lock is out of date with racecert's dependencies (run `cargo build` \
+         without --locked in examples/apalis-worker and commit its Cargo.lock):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(())
 }
 

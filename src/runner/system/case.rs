@@ -12,16 +12,48 @@ use crate::system::preset::{
     APALIS_INSERT, CELERY_PREFETCH_ENV, celery_keys, celery_message, fault_prefetch,
 };
 use crate::system::{Framework, Submit, System, fill, fill_shell};
-use crate::wire::{Reply, TxStatus};
+use crate::wire::{Holder, Reply, TxStatus};
 use crate::{Error, Result};
+use futures::future::BoxFuture;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use rand::RngExt;
 use rand::rngs::StdRng;
 use sqlx::PgConnection;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::process::Command;
+
+/// How long a partition outlasts the model call it began in: time for the worker to take the
+/// answer to its database and meet the cut, and for a retry (Celery's backoff starts at 1 s) to
+/// meet it again.
+const PARTITION_AFTER_CALL: Duration = Duration::from_secs(2);
+
+/// Holds every request on one link until released: a partition's traffic going nowhere. Other
+/// links of the worker pass.
+struct Blackhole {
+    link: String,
+    released: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Holder for Blackhole {
+    fn before(
+        &self,
+        link: &str,
+        _conn: u64,
+        _first: u64,
+        _requests: &[crate::wire::Request],
+    ) -> Option<BoxFuture<'static, ()>> {
+        if link != self.link {
+            return None;
+        }
+        let mut released = self.released.clone();
+        Some(Box::pin(async move {
+            let _ = released.wait_for(|r| *r).await;
+        }))
+    }
+}
 
 /// What a case works with.
 pub(super) struct CaseCtx<'a, 'f> {
@@ -68,6 +100,10 @@ pub(super) struct Aim {
     pub(super) orphan: Duration,
     /// How long the first attempt's model call lasts.
     pub(super) slow: Duration,
+    /// The case's request: its id and input (what a resubmission sends again).
+    pub(super) request: Option<(String, String)>,
+    /// When the request's first model call arrived.
+    pub(super) call_started: Option<Instant>,
 }
 
 impl CaseCtx<'_, '_> {
@@ -337,12 +373,8 @@ pub(super) async fn run_case(
         .map(|a| Duration::from_secs_f64(a.heartbeat_s * f64::from(a.missed_heartbeats)))
         .unwrap_or(Duration::from_secs(6));
     // How long the first attempt's model call lasts: past what the fault needs, below the
-    // worker's own model timeout (a slow model it waits for, not an upstream failure).
-    let slow = crate::system::preset::call_hold(fault, vt, orphan).min(
-        system
-            .model_timeout
-            .saturating_sub(Duration::from_millis(500)),
-    );
+    // worker's own model timeout (a slow model it waits for) unless the fault is that timeout.
+    let slow = crate::system::preset::call_hold(fault, vt, orphan, system.model_timeout);
     prepare_fleet(ctx, fault).await?;
     let slow_guards = ctx.slow_models(slow).await?;
     ctx.aim.visibility = vt;
@@ -420,6 +452,8 @@ pub(super) async fn run_case(
     ctx.aim.other = other;
     ctx.aim.delivery_tag = delivery_tag;
     ctx.aim.slow_guards = slow_guards;
+    ctx.aim.request = Some((request_id.clone(), input.clone()));
+    ctx.aim.call_started = Some(call_started);
     let began = now_ms();
     let effect = crate::fault::apply(
         &Fault::Framework {
@@ -844,6 +878,106 @@ impl Plane for CaseCtx<'_, '_> {
         Ok(Some(
             "SIGTERM (warm shutdown) mid-task, then a restart".to_owned(),
         ))
+    }
+
+    async fn resubmit(&mut self, worker: usize) -> Result<Option<String>> {
+        let Some((request_id, input)) = self.aim.request.clone() else {
+            return Ok(None);
+        };
+        // The first attempt is in its model call (it arrived); the second one, on the other
+        // worker's version, answers fast and overtakes it.
+        if let Some(program) = self.restore_to_other() {
+            program.release().await;
+        }
+        let id = self.worker_id(worker);
+        self.note(
+            "racecert",
+            "racecert",
+            format!("{request_id} submitted again (its API's client timed out) while {id} runs it"),
+            "fault",
+        );
+        self.submit(&request_id, &input).await?;
+        Ok(Some(format!(
+            "request {request_id} submitted again, same key, while {id} ran its first attempt"
+        )))
+    }
+
+    async fn outlast_model_timeout(&mut self, worker: usize) -> Result<Option<String>> {
+        // The call arrived with its answer held past the worker's timeout (the case's model
+        // program): wait until the worker gave up on it, then let any later call (its retry,
+        // another worker's) answer at once, while the first one is still being computed.
+        let timeout = self.system.model_timeout;
+        tokio::time::sleep(timeout + Duration::from_millis(300)).await;
+        release_all(std::mem::take(&mut self.aim.slow_guards)).await;
+        let id = self.worker_id(worker);
+        let version = self.fleet.workers[worker].version.clone();
+        let detail = format!(
+            "model answer held {} ms, past the worker's own timeout ({} ms)",
+            self.aim.slow.as_millis(),
+            timeout.as_millis()
+        );
+        self.note(
+            &format!("model {version}"),
+            &id,
+            format!("{detail}: later calls answer at once"),
+            "fault",
+        );
+        Ok(Some(detail))
+    }
+
+    async fn partition_worker(&mut self, worker: usize) -> Result<Option<String>> {
+        // A partition as the network makes one: what the worker sends its database goes nowhere
+        // (held at its proxy, seen on the wire, never forwarded) until the connection breaks.
+        // Held past the model call's answer, so the write that answer leads to meets it; then
+        // every connection of the link is cut, its held requests with it, and the link heals.
+        let id = self.worker_id(worker);
+        let link = self.fleet.workers[worker].links.postgres.name().to_owned();
+        let (release, released) = tokio::sync::watch::channel(false);
+        if !self.fleet.workers[worker]
+            .links
+            .hold(Some(Arc::new(Blackhole { link, released })))
+        {
+            return Ok(None);
+        }
+        let cut = Instant::now();
+        self.note(
+            &id,
+            "db",
+            "partition: its database link goes silent",
+            "fault",
+        );
+        let until = self.aim.call_started.unwrap_or(cut) + self.aim.slow + PARTITION_AFTER_CALL;
+        tokio::time::sleep_until(until.into()).await;
+        // Cut first, release after: the held requests must go down with their connections, not
+        // on to the database. The server ends the worker's sessions (its own server processes,
+        // known from the wire), so a held statement has no session left to run in whatever the
+        // proxy does with it; the proxy's listener is bounced so that no connection of the
+        // worker outlives the partition.
+        let pids = self.fleet.workers[worker].links.backend_pids();
+        let ended: Vec<bool> =
+            sqlx::query_scalar("SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid")
+                .bind(&pids)
+                .fetch_all(&mut *self.pg)
+                .await
+                .map_err(|err| Error::other(format!("ending {id}'s database sessions: {err}")))?;
+        let links = &self.fleet.workers[worker].links;
+        links.postgres.disable().await?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        links.hold(None);
+        links.postgres.enable_again().await?;
+        let _ = release.send(true);
+        let ended = ended.into_iter().filter(|e| *e).count();
+        let held = cut.elapsed();
+        self.note(
+            &id,
+            "db",
+            "partition ends: its database connections cut, the link healed",
+            "fault",
+        );
+        Ok(Some(format!(
+            "database link silent for {} ms across the end of its model call, then its connections cut ({ended} session(s) ended)",
+            held.as_millis()
+        )))
     }
 
     async fn miss_heartbeats(&mut self, worker: usize) -> Result<Option<String>> {

@@ -315,7 +315,10 @@ pub(super) async fn open_links(
     id: &str,
     model: &(String, std::net::SocketAddr),
 ) -> Result<CaseLinks> {
-    let links = bed.links_to(std::slice::from_ref(model), true).await?;
+    // Holdable: a partition holds the requests of one link (see `case::Blackhole`).
+    let links = bed
+        .links_to(std::slice::from_ref(model), true, true)
+        .await?;
     let sink = wire.clone();
     links.record(
         id,

@@ -9,7 +9,7 @@ use crate::contract::JobRow;
 use crate::fault::FaultKind;
 use crate::history::{AuditRow, Event, EventKind, History, Observation, SubmittedRequest};
 use crate::system::System;
-use crate::wire::{Request, WireEvent};
+use crate::wire::{PgRequest, Request, WireEvent};
 use sqlx::Row;
 
 /// What can be judged of a system as its file describes it: the audit trail always says how
@@ -282,7 +282,28 @@ pub(super) async fn judge(
         })
         .collect();
     ctx.arrows.extend(own_keys);
-    ctx.arrows.extend(model_call_arrows(ctx, input));
+    // Statements on the request that never got an answer (a partition, a death mid-statement):
+    // the audit trail cannot show them, the wire can.
+    let lost: Vec<Arrow> = case_trips(ctx)
+        .iter()
+        .filter(|(_, event)| {
+            event.trip.reply.is_none()
+                && matches!(&event.trip.request, Request::Postgres(PgRequest::Batch(batch))
+                if batch.statements.iter().any(|s| {
+                    s.sql.contains(&request)
+                        || s.params.iter().flatten().any(|p| p.contains(&request))
+                }))
+        })
+        .map(|(_, event)| Arrow {
+            at_ms: ctx.wire_origin_unix_ms + (event.trip.sent_us / 1000) as i64 - ctx.t0,
+            from: event.worker.clone(),
+            to: "db".into(),
+            label: format!("{}: its connection ended first", event.trip.describe(None)),
+            kind: "message".into(),
+        })
+        .collect();
+    ctx.arrows.extend(lost);
+    ctx.arrows.extend(model_call_arrows(ctx, input, fault));
     let model_calls = ctx.request_calls().await;
     let final_writes = case
         .history
@@ -330,9 +351,10 @@ pub(super) async fn judge(
 
 /// Every model call of the case's request, as the workers' backend links carried it (the body
 /// names the request's input, which no other request shares): from the worker to its version's
-/// model, numbered; a call after the first is an attempt of a message delivered again (the
-/// faults of a system case make no other kind of second attempt).
-fn model_call_arrows(ctx: &CaseCtx<'_, '_>, input: &str) -> Vec<Arrow> {
+/// model when it was sent, numbered, with what ended it when no answer did (the worker hung up:
+/// its timeout, or its death). A call after the first is a second attempt, made by what the
+/// case's fault does: a delivery again, a submission again, or the app's retry.
+fn model_call_arrows(ctx: &CaseCtx<'_, '_>, input: &str, fault: FaultKind) -> Vec<Arrow> {
     // The input as a JSON string body carries it (escaped, without its quotes).
     let quoted = serde_json::to_string(input).unwrap_or_default();
     let needle = quoted.trim_matches('"');
@@ -343,37 +365,51 @@ fn model_call_arrows(ctx: &CaseCtx<'_, '_>, input: &str) -> Vec<Arrow> {
             .find(|w| w.id == worker)
             .map(|w| w.version.clone())
     };
-    let mut calls: Vec<(i64, String, String)> = case_trips(ctx)
+    let mut calls: Vec<(i64, String, String, bool)> = case_trips(ctx)
         .into_iter()
-        .filter_map(|(at, event)| match &event.trip.request {
-            Request::Http(http) if http.body.contains(needle) => {
-                Some((at, event.worker.clone(), version_of(&event.worker)?))
-            }
+        .filter_map(|(_, event)| match &event.trip.request {
+            Request::Http(http) if http.body.contains(needle) => Some((
+                ctx.wire_origin_unix_ms + (event.trip.sent_us / 1000) as i64,
+                event.worker.clone(),
+                version_of(&event.worker)?,
+                event.trip.reply.is_some(),
+            )),
             _ => None,
         })
         .collect();
-    calls.sort_by_key(|(at, _, _)| *at);
+    calls.sort_by_key(|(at, _, _, _)| *at);
+    let again = match fault {
+        FaultKind::ApiResubmission => "the request submitted again",
+        FaultKind::UpstreamTimeout => "after attempt 1 timed out",
+        FaultKind::Partition => "after attempt 1 failed in the partition",
+        _ => "its message delivered again",
+    };
     calls
         .into_iter()
         .enumerate()
-        .map(|(i, (at, worker, version))| Arrow {
+        .map(|(i, (at, worker, version, answered))| Arrow {
             at_ms: at - ctx.t0,
             from: worker,
             to: format!("model {version}"),
-            label: if i == 0 {
-                "model call (attempt 1)".to_owned()
-            } else {
-                format!(
-                    "model call (attempt {}: its message delivered again)",
-                    i + 1
-                )
-            },
+            label: format!(
+                "model call (attempt {}{}){}",
+                i + 1,
+                if i == 0 {
+                    String::new()
+                } else {
+                    format!(": {again}")
+                },
+                if answered {
+                    ""
+                } else {
+                    ", never answered: the worker hung up (its timeout) or died first"
+                }
+            ),
             kind: "message".into(),
         })
         .collect()
 }
 
-/// The round trips the workers sent since the case began, with their times.
 fn case_trips(ctx: &CaseCtx<'_, '_>) -> Vec<(i64, WireEvent)> {
     ctx.fleet
         .wire
