@@ -163,7 +163,12 @@ impl Scope {
                 } else if applied == 0 {
                     "never applied".to_owned()
                 } else if landed == 0 {
-                    format!("applied {applied} times, never on its target")
+                    format!(
+                        "applied {applied} times, never on its target{}",
+                        kind.miss_hint()
+                            .map(|h| format!(" ({h})"))
+                            .unwrap_or_default()
+                    )
                 } else {
                     format!(
                         "landed {landed} of {applied} times, {} needed",
@@ -524,5 +529,31 @@ fn close_open(coverage: &mut Coverage, open: &mut Open) {
     }
     for (_, landed) in open.cut.drain() {
         coverage.applied_kind(FaultKind::Partition, landed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kind_that_never_landed_says_why_and_what_to_check() {
+        let scope = Scope::of(&[
+            FaultKind::UpstreamTimeout,
+            FaultKind::KillMain,
+            FaultKind::Partition,
+        ]);
+        let mut coverage = Coverage::default();
+        coverage.applied_kind(FaultKind::UpstreamTimeout, false);
+        coverage.applied_kind(FaultKind::UpstreamTimeout, false);
+        coverage.applied_kind(FaultKind::KillMain, true);
+        let why: BTreeMap<FaultKind, String> = scope.unlanded(&coverage).into_iter().collect();
+        assert_eq!(why.len(), 2, "{why:?}");
+        assert!(
+            why[&FaultKind::UpstreamTimeout].starts_with("applied 2 times, never on its target")
+                && why[&FaultKind::UpstreamTimeout].contains("[timeouts] model_ms"),
+            "{why:?}"
+        );
+        assert_eq!(why[&FaultKind::Partition], "never applied");
     }
 }

@@ -279,6 +279,23 @@ impl FaultKind {
         }
     }
 
+    /// What a kind that was applied but never landed most often means, where a user can act on
+    /// it.
+    pub fn miss_hint(self) -> Option<&'static str> {
+        match self {
+            FaultKind::UpstreamTimeout => Some(
+                "the model's late answer still reached the worker: is the declared model timeout ([timeouts] model_ms) the worker's own?",
+            ),
+            FaultKind::ApiResubmission => {
+                Some("nothing acted on the request submitted again while its first attempt ran")
+            }
+            FaultKind::Partition => Some(
+                "the worker sent nothing on its cut link before the heal: its write came later, or it keeps no connection of its own",
+            ),
+            _ => None,
+        }
+    }
+
     /// Whether the kind is a framework's own machinery (a team's system only).
     pub fn is_framework(self) -> bool {
         FaultKind::FRAMEWORK.contains(&self)
