@@ -20,7 +20,8 @@ Configuration comes from the environment only, so any harness (racecert, a test,
 it unchanged: ``BROKER_URL`` (Redis), ``DATABASE_URL`` (Postgres), ``MODEL_URL`` (an
 OpenAI-compatible server), ``MODEL_NAME``, ``MODEL_VERSION``, ``WORKER_NAME``,
 ``VISIBILITY_TIMEOUT_S`` (default 5: short on purpose, real inference outlives it),
-``MODEL_TIMEOUT_S`` (default 30), ``LOCK_TTL_MS`` (default 60000).
+``MODEL_TIMEOUT_S`` (default 30), ``LOCK_TTL_MS`` (default 60000), ``IGNORE_SIGTERM`` (``1``:
+the drain bug of ``draining.toml``).
 """
 
 import json
@@ -61,6 +62,23 @@ app.conf.update(
 )
 
 log = get_task_logger(__name__)
+
+if os.environ.get("IGNORE_SIGTERM") == "1":
+    import signal
+
+    from celery.signals import worker_ready
+
+    @worker_ready.connect
+    def keep_consuming_after_sigterm(**_):
+        """The drain bug (draining.toml): a SIGTERM handler of the team's own, installed once the
+        worker is ready (to flush metrics, say), replaces Celery's warm shutdown and never stops
+        the consumer. Told to stop during a rollout, the worker goes on taking jobs until the
+        orchestrator's SIGKILL ends it in the middle of one."""
+
+        def flush_and_carry_on(signum, frame):
+            logging.getLogger("tasks").warning("SIGTERM received: metrics flushed")
+
+        signal.signal(signal.SIGTERM, flush_and_carry_on)
 
 
 def _logfmt_value(value):

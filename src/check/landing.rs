@@ -115,7 +115,7 @@ fn set_ttl(args: &[String]) -> Option<u64> {
 
 /// When a round trip was sent, in the history's milliseconds (its event's time when the wire's
 /// clock is not placed).
-fn sent_ms(history: &History, event: &Event, trip: &RoundTrip) -> i64 {
+pub(super) fn sent_ms(history: &History, event: &Event, trip: &RoundTrip) -> i64 {
     match history.wire_origin_ms {
         Some(origin) => origin + (trip.sent_us / 1000) as i64,
         None => event.at_ms as i64,
@@ -143,7 +143,7 @@ fn names(history: &History) -> Vec<&str> {
 
 /// Whether a round trip acts on a request: a statement naming it (its SQL or parameters), a
 /// backend call whose body names it, a command whose arguments do.
-fn names_request(trip: &RoundTrip, names: &[&str]) -> bool {
+pub(super) fn names_request(trip: &RoundTrip, names: &[&str]) -> bool {
     let named = |text: &str| names.iter().any(|n| text.contains(n));
     match &trip.request {
         Request::Postgres(PgRequest::Batch(batch)) => batch
@@ -270,6 +270,9 @@ pub(super) fn framework(history: &History, kind: FaultKind, worker: &str, at: i6
         }
         FaultKind::UpstreamTimeout => hung_up(history, worker, at),
         FaultKind::Partition => cut_off(history, worker, at),
+        // Told to stop with the request in hand (whether it then took the next job is what
+        // drain-discipline judges).
+        FaultKind::Drain => held(history, worker, at),
         _ => false,
     }
 }

@@ -42,11 +42,13 @@ pub enum Invariant {
     /// Every delivery is acknowledged once its job is done: none is left pending after the
     /// drain.
     NoStuckDelivery,
+    /// A worker told to stop takes no new job (on the wire).
+    DrainDiscipline,
 }
 
 impl Invariant {
     /// Every invariant.
-    pub const ALL: [Invariant; 10] = [
+    pub const ALL: [Invariant; 11] = [
         Invariant::AtMostOneFinalWrite,
         Invariant::GenerationsIncrease,
         Invariant::NoNonOwnerFinalWrite,
@@ -57,13 +59,16 @@ impl Invariant {
         Invariant::LeaseDiscipline,
         Invariant::NoCrossVersionCacheEntry,
         Invariant::NoStuckDelivery,
+        Invariant::DrainDiscipline,
     ];
 
     /// Whether it is judged from recorded round trips only (nothing to judge without them).
     pub fn needs_wire(self) -> bool {
         matches!(
             self,
-            Invariant::LeaseDiscipline | Invariant::NoCrossVersionCacheEntry
+            Invariant::LeaseDiscipline
+                | Invariant::NoCrossVersionCacheEntry
+                | Invariant::DrainDiscipline
         )
     }
 
@@ -80,6 +85,7 @@ impl Invariant {
             Invariant::LeaseDiscipline => "lease-discipline",
             Invariant::NoCrossVersionCacheEntry => "no-cross-version-cache-entry",
             Invariant::NoStuckDelivery => "no-stuck-delivery",
+            Invariant::DrainDiscipline => "drain-discipline",
         }
     }
 
@@ -110,6 +116,7 @@ impl Invariant {
             Invariant::NoStuckDelivery => {
                 "every delivery is acknowledged once its job is done, none redelivered endlessly"
             }
+            Invariant::DrainDiscipline => "a worker told to stop takes no new job",
         }
     }
 }
@@ -209,7 +216,10 @@ pub fn check(history: &History, invariants: &[Invariant]) -> Vec<Violation> {
             Invariant::NoCrossVersionCacheEntry if wire => {
                 wire::no_cross_version_cache_entry(history, &keys)
             }
-            Invariant::LeaseDiscipline | Invariant::NoCrossVersionCacheEntry => Vec::new(),
+            Invariant::DrainDiscipline if wire => wire::drain_discipline(history),
+            Invariant::LeaseDiscipline
+            | Invariant::NoCrossVersionCacheEntry
+            | Invariant::DrainDiscipline => Vec::new(),
         })
         .collect()
 }

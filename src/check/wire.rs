@@ -463,6 +463,58 @@ pub(super) fn compute_waste_bounded(history: &History, keys: &KeyMatcher) -> Vec
     violations
 }
 
+/// drain-discipline: a worker told to stop (a `drain` fault's signal) begins nothing new. Judged
+/// per request of the history: a worker that had not acted on a request before its stop signal
+/// and sends a round trip acting on it after (its model call, a statement or command naming it)
+/// took a new job while it should have been draining. The first such round trip is the evidence.
+pub(super) fn drain_discipline(history: &History) -> Vec<Violation> {
+    use super::landing::{names_request, sent_ms};
+    let signals = history.events.iter().filter_map(|event| match &event.kind {
+        EventKind::Fault(Effect::FrameworkFault {
+            kind: crate::fault::FaultKind::Drain,
+            worker,
+            ..
+        }) => Some((worker.as_str(), event.at_ms as i64)),
+        _ => None,
+    });
+    let mut out = Vec::new();
+    for (worker, signal) in signals {
+        for request in &history.requests {
+            let names: Vec<&str> = [request.request_id.as_str(), request.input.as_str()]
+                .into_iter()
+                .filter(|n| n.len() >= 4)
+                .collect();
+            let mut acts = history.events.iter().filter_map(|event| match &event.kind {
+                EventKind::Wire(wire)
+                    if wire.worker == worker && names_request(&wire.trip, &names) =>
+                {
+                    Some((sent_ms(history, event, &wire.trip), event, wire.as_ref()))
+                }
+                _ => None,
+            });
+            let Some((first, event, wire)) = acts.next() else {
+                continue;
+            };
+            if first < signal {
+                continue;
+            }
+            out.push(Violation {
+                invariant: Invariant::DrainDiscipline,
+                observed: format!(
+                    "{worker} took request {} {} ms after it was told to stop",
+                    request.request_id,
+                    first - signal
+                ),
+                evidence: vec![
+                    format!("t={signal}ms {worker} told to stop (drain)"),
+                    proof(event, wire, history.namespace.as_deref()),
+                ],
+            });
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -662,5 +714,57 @@ mod tests {
         let found = no_stale_cache_read(&stale, &matcher);
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].observed.contains("running as v2 read a v1 output"));
+    }
+
+    #[test]
+    fn a_worker_told_to_stop_that_takes_the_next_job_breaks_drain_discipline() {
+        let brpop_then = |worker: &str, request: &str| {
+            redis_trip(
+                worker,
+                "HSET",
+                &["unacked", "tag", request],
+                &["unacked"],
+                RedisReply::Int(1),
+            )
+        };
+        let stop = EventKind::Fault(Effect::FrameworkFault {
+            kind: crate::fault::FaultKind::Drain,
+            worker: "a".into(),
+            detail: "SIGTERM".into(),
+        });
+        let requests = vec![
+            crate::history::SubmittedRequest {
+                request_id: "req-first".into(),
+                idempotency_key: "req-first".into(),
+                input: "first input".into(),
+            },
+            crate::history::SubmittedRequest {
+                request_id: "req-next".into(),
+                idempotency_key: "req-next".into(),
+                input: "next input".into(),
+            },
+        ];
+        // Event times are their positions (ms); with no wire origin, a round trip is sent when
+        // its event is. a holds req-first (0), is told to stop (1), finishes req-first (2): fine;
+        // b takes req-next (3): fine.
+        let mut good = history(vec![
+            brpop_then("a", "req-first"),
+            stop.clone(),
+            brpop_then("a", "req-first"),
+            brpop_then("b", "req-next"),
+        ]);
+        good.requests = requests.clone();
+        assert!(drain_discipline(&good).is_empty());
+        // a takes req-next after its stop signal: a violation, with the round trip.
+        let mut bad = history(vec![
+            brpop_then("a", "req-first"),
+            stop,
+            brpop_then("a", "req-next"),
+        ]);
+        bad.requests = requests;
+        let found = drain_discipline(&bad);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].observed.starts_with("a took request req-next"));
+        assert!(found[0].evidence.iter().any(|e| e.contains("req-next")));
     }
 }

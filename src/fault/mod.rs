@@ -185,11 +185,14 @@ pub enum FaultKind {
     /// A team's system: the same request submitted again, with the same key, while its first
     /// attempt runs, as an API does after its own client timed out.
     ApiResubmission,
+    /// A team's system: the worker holding the request is replaced as an orchestrator does it
+    /// (its stop signal, a grace period, SIGKILL, then the replacement) while a new job arrives.
+    Drain,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 17] = [
+    pub const ALL: [FaultKind; 18] = [
         FaultKind::UpstreamTimeout,
         FaultKind::RetryOverlap,
         FaultKind::LeaseExpiry,
@@ -207,12 +210,13 @@ impl FaultKind {
         FaultKind::HeartbeatMiss,
         FaultKind::PrefetchRestore,
         FaultKind::ApiResubmission,
+        FaultKind::Drain,
     ];
 
     /// The kinds only a team's system has (`certify --system`): its framework's own machinery,
     /// and its API submitting again; which of them a framework has is its preset's business
     /// (`system::preset`).
-    pub const FRAMEWORK: [FaultKind; 8] = [
+    pub const FRAMEWORK: [FaultKind; 9] = [
         FaultKind::VisibilityOutlived,
         FaultKind::ForcedRestore,
         FaultKind::KillPoolChild,
@@ -221,6 +225,7 @@ impl FaultKind {
         FaultKind::HeartbeatMiss,
         FaultKind::PrefetchRestore,
         FaultKind::ApiResubmission,
+        FaultKind::Drain,
     ];
 
     /// kebab-case name.
@@ -243,6 +248,7 @@ impl FaultKind {
             FaultKind::HeartbeatMiss => "heartbeat-miss",
             FaultKind::PrefetchRestore => "prefetch-restore",
             FaultKind::ApiResubmission => "api-resubmission",
+            FaultKind::Drain => "drain",
         }
     }
 
@@ -275,6 +281,9 @@ impl FaultKind {
             }
             FaultKind::ApiResubmission => {
                 "the request, submitted again while its first attempt ran, reached a worker"
+            }
+            FaultKind::Drain => {
+                "the worker holding the job was told to stop while a new job waited"
             }
         }
     }
@@ -744,6 +753,14 @@ pub trait Plane: Send {
     ) -> impl Future<Output = Result<Option<String>>> + Send {
         async move { Err(not_here(FaultKind::Partition, worker)) }
     }
+
+    /// Replaces worker `worker` mid-job as an orchestrator does (its stop signal, a grace period,
+    /// SIGKILL if it is still running, then its replacement) while a new job waits in the queue.
+    /// Returns what was done, in a phrase, or None when the worker had nothing to hit; called
+    /// only when [`Plane::can_apply`] allows [`FaultKind::Drain`].
+    fn drain(&mut self, worker: usize) -> impl Future<Output = Result<Option<String>>> + Send {
+        async move { Err(not_here(FaultKind::Drain, worker)) }
+    }
 }
 
 /// A plane asked for what it said it cannot do ([`Plane::can_apply`] lied): a harness bug.
@@ -856,6 +873,7 @@ pub async fn apply<P: Plane>(fault: &Fault, plane: &mut P) -> Result<Effect> {
                 FaultKind::ApiResubmission => plane.resubmit(*worker).await?,
                 FaultKind::UpstreamTimeout => plane.outlast_model_timeout(*worker).await?,
                 FaultKind::Partition => plane.partition_worker(*worker).await?,
+                FaultKind::Drain => plane.drain(*worker).await?,
                 other => {
                     return Ok(Effect::NotApplicable {
                         kind: *other,

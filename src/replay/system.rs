@@ -28,6 +28,8 @@ const DUPLICATE: &[&str] = &["at-most-one-final-write"];
 const SKEW: &[&str] = &["at-most-one-final-write", "result-names-its-version"];
 /// A job that never finishes.
 const LOST: &[&str] = &["no-lost-job"];
+/// A worker that took a job after its stop signal (on the wire), or lost it to its SIGKILL.
+const DRAIN: &[&str] = &["drain-discipline", "no-lost-job"];
 /// Two attempts holding one lock (seen on the wire, `[keys] lease`), or both writing.
 const LEASE: &[&str] = &["lease-discipline", "at-most-one-final-write"];
 
@@ -69,9 +71,9 @@ pub fn faults_for(
             vec![ForcedRestore, VisibilityOutlived, PrefetchRestore],
             DUPLICATE,
         )),
-        (Framework::Celery, VersionSkew | ImperfectDrain) => {
-            Ok((vec![ForcedRestore, VisibilityOutlived], SKEW))
-        }
+        (Framework::Celery, VersionSkew) => Ok((vec![ForcedRestore, VisibilityOutlived], SKEW)),
+        // A worker still taking jobs after its stop signal: the rollout's replacement, for real.
+        (_, ImperfectDrain) => Ok((vec![Drain], DRAIN)),
         // A crash: Celery acks a killed pool child's message; a killed main process's delivery
         // waits for the visibility timeout.
         (Framework::Celery, LostJob) => Ok((vec![KillPoolChild, KillMain], LOST)),
@@ -85,7 +87,7 @@ pub fn faults_for(
             | LateWrite
             | MultipleFinalWrites,
         ) => Ok((vec![HeartbeatMiss], DUPLICATE)),
-        (Framework::Apalis, VersionSkew | ImperfectDrain) => Ok((vec![HeartbeatMiss], SKEW)),
+        (Framework::Apalis, VersionSkew) => Ok((vec![HeartbeatMiss], SKEW)),
         (Framework::Apalis | Framework::Custom, LostJob | AckBeforeFinalWrite) => {
             Ok((vec![KillMain], LOST))
         }
@@ -94,7 +96,7 @@ pub fn faults_for(
         (Framework::Custom, MultipleWorkers | LateWrite | MultipleFinalWrites) => {
             Ok((vec![ApiResubmission], DUPLICATE))
         }
-        (Framework::Custom, VersionSkew | ImperfectDrain) => Ok((vec![ApiResubmission], SKEW)),
+        (Framework::Custom, VersionSkew) => Ok((vec![ApiResubmission], SKEW)),
         (Framework::Custom, VisibilityTimeoutTooShort) => Err(
             "a `custom` system has no queue visibility timeout racecert can outlive (no framework preset); api-resubmission makes a second attempt, which the log's other diagnoses use",
         ),

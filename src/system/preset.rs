@@ -14,7 +14,8 @@ use std::time::Duration;
 /// a restart under the same worker name), and every system has an API that may submit a request
 /// again (`api-resubmission`), a model call that may outlast the worker's own timeout
 /// (`upstream-timeout`: its retry or failure path runs while the call may still complete) and a
-/// database link that may fail under a worker mid-job (`partition`).
+/// database link that may fail under a worker mid-job (`partition`) and a rollout that replaces
+/// the worker holding a job (`drain`).
 pub fn faults(framework: Framework) -> Vec<FaultKind> {
     use FaultKind::*;
     let mut own = match framework {
@@ -31,7 +32,7 @@ pub fn faults(framework: Framework) -> Vec<FaultKind> {
         Framework::Apalis => vec![HeartbeatMiss, HeartbeatMiss, KillMain],
         Framework::Custom => vec![KillMain],
     };
-    own.extend([ApiResubmission, UpstreamTimeout, Partition]);
+    own.extend([ApiResubmission, UpstreamTimeout, Partition, Drain]);
     own
 }
 

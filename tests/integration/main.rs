@@ -92,6 +92,7 @@ const LONG: &[&str] = &[
     "systems::celery_fenced_but_acked_loses_a_job_when_its_pool_child_is_killed",
     "systems::celery_submitted_by_the_teams_own_command_with_spaces_in_the_input",
     "systems::celery_retry_after_an_upstream_timeout_or_a_resubmission_writes_twice_and_fenced_passes",
+    "systems::celery_a_worker_that_keeps_consuming_after_its_stop_signal_is_caught_and_fenced_drains",
     "ci_docs::the_gitlab_parallel_job_in_docs_ci_runs_and_merges",
 ];
 

@@ -22,6 +22,7 @@ crate::tests!(
     celery_submitted_by_the_teams_own_command_with_spaces_in_the_input,
     celery_retry_after_an_upstream_timeout_or_a_resubmission_writes_twice_and_fenced_passes,
     the_apalis_examples_lock_file_holds_racecerts_dependencies,
+    celery_a_worker_that_keeps_consuming_after_its_stop_signal_is_caught_and_fenced_drains,
 );
 
 fn example(file: &str) -> PathBuf {
@@ -234,6 +235,46 @@ async fn celery_retry_after_an_upstream_timeout_or_a_resubmission_writes_twice_a
                 .iter()
                 .all(|c| c.landed && c.final_writes == 1),
         "the fenced task passes both, each landed, one final write each:\n{text}"
+    );
+    Ok(())
+}
+
+/// `drain`: the worker holding the request is told to stop (SIGTERM) mid-job while the next job
+/// waits, then killed at the end of its grace period and replaced. Celery's warm shutdown
+/// finishes the job and takes nothing more (the replacement runs the next job). The draining
+/// variant's own SIGTERM handler keeps the consumer going: the wire shows it taking the next job
+/// after its stop signal (drain-discipline), and the SIGKILL at the end of the grace period
+/// strands that job in `unacked` (no-lost-job).
+async fn celery_a_worker_that_keeps_consuming_after_its_stop_signal_is_caught_and_fenced_drains(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let draining = System::load(&example("celery-worker/draining.toml"))?;
+    let outcome = run_system(bed, &draining, &settings(&[FaultKind::Drain])).await?;
+    let text = summary(&outcome);
+    let case = outcome.cases.first().context_or(&text)?;
+    let broke: std::collections::BTreeSet<&str> =
+        case.violations.iter().map(|v| v.invariant.name()).collect();
+    anyhow::ensure!(
+        case.landed && broke == ["drain-discipline", "no-lost-job"].into(),
+        "the draining worker took the next job after its stop signal and lost it:\n{text}"
+    );
+    let drain = case
+        .violations
+        .iter()
+        .find(|v| v.invariant.name() == "drain-discipline")
+        .context_or(&text)?;
+    anyhow::ensure!(
+        drain.observed.starts_with("worker-a took request")
+            && drain.observed.contains("-next")
+            && drain.evidence.len() == 2,
+        "the evidence is the stop signal and worker-a's first round trip on the next job: {drain:#?}"
+    );
+    let fenced = System::load(&example("celery-worker/fenced.toml"))?;
+    let outcome = run_system(bed, &fenced, &settings(&[FaultKind::Drain])).await?;
+    let text = summary(&outcome);
+    anyhow::ensure!(
+        outcome.passed() && outcome.cases[0].landed && outcome.cases[0].model_calls == 1,
+        "Celery's warm shutdown drains: the job in hand ends, the replacement runs the next:\n{text}"
     );
     Ok(())
 }

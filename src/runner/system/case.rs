@@ -55,6 +55,11 @@ impl Holder for Blackhole {
     }
 }
 
+/// How long a drain's grace period outlasts the job in hand: the job ends within it (a worker
+/// that drains exits), and a worker that took the next job is still in that job's model call
+/// when the grace runs out.
+const DRAIN_GRACE_AFTER_CALL: Duration = Duration::from_secs(2);
+
 /// What a case works with.
 pub(super) struct CaseCtx<'a, 'f> {
     pub(super) bed: &'a TestBed,
@@ -74,6 +79,9 @@ pub(super) struct CaseCtx<'a, 'f> {
     /// Inputs of requests a case submits besides its own (the prefetch fault's slow task in
     /// front of it): their model calls are not the request's.
     pub(super) companions: Vec<String>,
+    /// Requests the case's fault submitted as jobs of their own (id, input), judged with the
+    /// case's request: a drain's next job.
+    pub(super) judged_too: Vec<(String, String)>,
     /// What the case's fault aims at, once a worker took the request.
     pub(super) aim: Aim,
     /// What the case's faults did, each with when it began (Unix ms).
@@ -552,10 +560,14 @@ pub(super) fn in_transaction(wire: &Wire, worker: &str) -> bool {
 
 /// Puts the fleet in the shape case's fault needs. `prefetch-restore` runs the first worker with a
 /// prefetch multiplier > 1 ([`CELERY_PREFETCH_ENV`]) and stops the others until the fault, so the
-/// request waits in that worker's prefetch; every other case runs every worker as the file says.
+/// request waits in that worker's prefetch; `drain` runs the first worker alone; every other case
+/// runs every worker as the file says.
 /// A worker is restarted only when its variables change or it is not running.
 async fn prepare_fleet(ctx: &mut CaseCtx<'_, '_>, fault: FaultKind) -> Result<()> {
     let prefetch = fault == FaultKind::PrefetchRestore;
+    // A drain replaces the only worker running, as a rolling update with no surge does: the
+    // next job has no other worker to go to until the replacement starts.
+    let solo = prefetch || fault == FaultKind::Drain;
     let multiplier = fault_prefetch(
         ctx.system
             .celery
@@ -571,13 +583,21 @@ async fn prepare_fleet(ctx: &mut CaseCtx<'_, '_>, fault: FaultKind) -> Result<()
         } else {
             Vec::new()
         };
-        let want_running = !prefetch || index == 0;
+        let want_running = !solo || index == 0;
         let running = !ctx.fleet.exited(index);
         let changed = ctx.fleet.workers[index].extra_env != want_env;
         let id = ctx.fleet.workers[index].id.clone();
         if running && (changed || !want_running) {
             ctx.fleet.stop(index, Duration::from_secs(10)).await;
             if !want_running {
+                // A worker killed in a blocking pop (Celery's `BRPOP ... 1`) leaves that pop at
+                // Redis until its connection's end gets there through the proxy; a message pushed
+                // meanwhile goes to the dead worker and is lost. Its connections are cut at the
+                // proxy before the case submits anything.
+                let redis = &ctx.fleet.workers[index].links.redis;
+                redis.disable().await?;
+                redis.enable_again().await?;
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 ctx.note(&id, &id, "stopped for this case", "message");
             }
         }
@@ -977,6 +997,62 @@ impl Plane for CaseCtx<'_, '_> {
         Ok(Some(format!(
             "database link silent for {} ms across the end of its model call, then its connections cut ({ended} session(s) ended)",
             held.as_millis()
+        )))
+    }
+
+    async fn drain(&mut self, worker: usize) -> Result<Option<String>> {
+        let id = self.worker_id(worker);
+        let Some(pid) = self.fleet.workers[worker].main_pid() else {
+            return Ok(None);
+        };
+        // The stop signal, mid-job, then the next job: a request arriving during the rollout.
+        let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        let signalled = Instant::now();
+        self.note(
+            &id,
+            &id,
+            "SIGTERM (its stop signal: drain) mid-job",
+            "fault",
+        );
+        let next_id = format!("{}-next", self.prefix);
+        let next_input = format!("{} next job", self.prefix);
+        self.judged_too.push((next_id.clone(), next_input.clone()));
+        self.companions.push(next_input.clone());
+        self.submit(&next_id, &next_input).await?;
+        // The grace period: the job in hand ends within it (its model answers after `slow`); a
+        // worker still running at its end is killed, as an orchestrator does.
+        tokio::time::sleep_until((signalled + self.aim.slow + DRAIN_GRACE_AFTER_CALL).into()).await;
+        let killed = !self.fleet.exited(worker);
+        if killed {
+            self.fleet.workers[worker].signal_group(Signal::SIGKILL);
+            if let Some(child) = self.fleet.workers[worker].child.as_mut() {
+                let _ = child.wait().await;
+            }
+            self.note(
+                &id,
+                &id,
+                "grace period over, still running: SIGKILL",
+                "fault",
+            );
+        }
+        release_all(std::mem::take(&mut self.aim.slow_guards)).await;
+        // The replacement: the other worker (the next version), started once the old one is
+        // gone.
+        let other = self.aim.other;
+        if other != worker {
+            self.fleet.start(other).await?;
+            let other_id = self.worker_id(other);
+            self.note(&other_id, &other_id, "started: the replacement", "message");
+        }
+        let grace = self.aim.slow + DRAIN_GRACE_AFTER_CALL;
+        Ok(Some(format!(
+            "SIGTERM mid-job, the next job submitted, grace {} ms{}, then the replacement",
+            grace.as_millis(),
+            if killed {
+                ", then SIGKILL (still running)"
+            } else {
+                " (it exited within it)"
+            }
         )))
     }
 

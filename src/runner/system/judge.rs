@@ -19,7 +19,12 @@ use sqlx::Row;
 /// invariants are reported as not judged. Backend calls are not judged (compute waste needs the
 /// contract's request body to know the job).
 pub(super) fn judged(system: &System) -> (Vec<Invariant>, Vec<Invariant>) {
-    let mut judged = vec![Invariant::AtMostOneFinalWrite, Invariant::NoLostJob];
+    // Every worker's round trips are recorded: a worker told to stop is judged on what it took.
+    let mut judged = vec![
+        Invariant::AtMostOneFinalWrite,
+        Invariant::NoLostJob,
+        Invariant::DrainDiscipline,
+    ];
     if system.results.version.is_some() {
         judged.push(Invariant::ResultNamesItsVersion);
     }
@@ -123,21 +128,36 @@ async fn history(ctx: &mut CaseCtx<'_, '_>, request: &str, input: &str) -> Resul
         }
     }
     events.sort_by_key(|e| e.at_ms);
-    let audit = audit_rows(ctx, request).await?;
-    let last = audit.last();
-    let jobs = last
-        .map(|row| JobRow {
-            idempotency_key: request.to_owned(),
-            request_id: request.to_owned(),
-            status: row.new_status.clone(),
-            generation: 0,
-            model_version: row.new_model_version.clone(),
-            output: row.output.clone(),
-            lease_token: None,
-            worker_id: None,
-        })
-        .into_iter()
-        .collect();
+    // The case's request, and the ones its fault submitted as jobs of their own (a drain's next
+    // job): each judged on its own audited writes and final row.
+    let mut requests = vec![SubmittedRequest {
+        request_id: request.to_owned(),
+        idempotency_key: request.to_owned(),
+        input: input.to_owned(),
+    }];
+    requests.extend(ctx.judged_too.iter().map(|(id, input)| SubmittedRequest {
+        request_id: id.clone(),
+        idempotency_key: id.clone(),
+        input: input.clone(),
+    }));
+    let mut audit = Vec::new();
+    let mut jobs = Vec::new();
+    for submitted in &requests {
+        let rows = audit_rows(ctx, &submitted.request_id).await?;
+        if let Some(row) = rows.last() {
+            jobs.push(JobRow {
+                idempotency_key: submitted.request_id.clone(),
+                request_id: submitted.request_id.clone(),
+                status: row.new_status.clone(),
+                generation: 0,
+                model_version: row.new_model_version.clone(),
+                output: row.output.clone(),
+                lease_token: None,
+                worker_id: None,
+            });
+        }
+        audit.extend(rows);
+    }
     let connections = ctx
         .fleet
         .workers
@@ -155,11 +175,7 @@ async fn history(ctx: &mut CaseCtx<'_, '_>, request: &str, input: &str) -> Resul
         audit,
         journal: ctx.journal().await,
         jobs,
-        requests: vec![SubmittedRequest {
-            request_id: request.to_owned(),
-            idempotency_key: request.to_owned(),
-            input: input.to_owned(),
-        }],
+        requests,
         // Real clocks: a lease runs out by the TTL its SET gave it.
         lease_ttl_ms: Some(0),
         namespace: None,
@@ -305,11 +321,12 @@ pub(super) async fn judge(
     ctx.arrows.extend(lost);
     ctx.arrows.extend(model_call_arrows(ctx, input, fault));
     let model_calls = ctx.request_calls().await;
+    // The case's own request's (a drain's next job is judged, not counted here).
     let final_writes = case
         .history
         .audit
         .iter()
-        .filter(|w| case.history.is_final(w))
+        .filter(|w| w.idempotency_key == request && case.history.is_final(w))
         .count();
     for v in &case.violations {
         ctx.note(

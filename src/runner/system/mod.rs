@@ -509,6 +509,7 @@ async fn run_with_backends(
                 t0: now_ms(),
                 first: number == 1 || settings.only_case.is_some(),
                 companions: Vec::new(),
+                judged_too: Vec::new(),
                 aim: Aim::default(),
                 effects: Vec::new(),
                 wire_origin_unix_ms: bed.wire_origin_unix_ms(),
