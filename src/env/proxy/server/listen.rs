@@ -34,14 +34,42 @@ async fn lookup_listen(raw: &str) -> Result<Vec<SocketAddr>, ApiError> {
     Ok(addrs)
 }
 
-/// A concrete address to listen on. Port 0 is resolved to a free port now, so that the proxy
-/// keeps its port across disable/enable and reports where clients should connect.
-pub(super) async fn resolve_listen(raw: &str) -> Result<SocketAddr, ApiError> {
+/// Ports this process's proxies own, listening or not. A proxy that is disabled, or restarted
+/// to take a tap, has no listener for a moment; a probe of another proxy must not take its port
+/// then (seen: "listen on 127.0.0.1:32583: Address already in use" when a proxy came back).
+static OWNED: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// A port a proxy owns until the claim is dropped (the proxy deleted, or moved to another port).
+#[derive(Debug)]
+pub(super) struct PortClaim(u16);
+
+impl PortClaim {
+    /// Claims `port`; None if a proxy of this process owns it already.
+    fn take(port: u16) -> Option<PortClaim> {
+        OWNED
+            .lock()
+            .expect("poisoned")
+            .insert(port)
+            .then_some(PortClaim(port))
+    }
+}
+
+impl Drop for PortClaim {
+    fn drop(&mut self) {
+        OWNED.lock().expect("poisoned").remove(&self.0);
+    }
+}
+
+/// A concrete address to listen on, with the claim on its port when racecert picked it. Port 0
+/// is resolved to a free port now, so that the proxy keeps its port across disable/enable and
+/// reports where clients should connect.
+pub(super) async fn resolve_listen(raw: &str) -> Result<(SocketAddr, Option<PortClaim>), ApiError> {
     let addr = lookup_listen(raw).await?.first().copied().ok_or_else(|| {
         ApiError::bad_request(format!("listen address {raw:?} resolves to nothing"))
     })?;
     if addr.port() != 0 {
-        return Ok(addr);
+        return Ok((addr, None));
     }
     // A disabled proxy has no listener, and the kernel hands ports of its ephemeral range to
     // outgoing connections: a port from that range can be gone when the proxy is enabled again
@@ -58,15 +86,22 @@ pub(super) async fn resolve_listen(raw: &str) -> Result<SocketAddr, ApiError> {
         for i in 0..span {
             let port = range.start + (offset.wrapping_add(start).wrapping_add(i) % span);
             let candidate = SocketAddr::new(addr.ip(), port as u16);
+            let Some(claim) = PortClaim::take(port as u16) else {
+                continue;
+            };
             if let Ok(probe) = std::net::TcpListener::bind(candidate) {
                 drop(probe);
                 NEXT.store(start + i + 1, std::sync::atomic::Ordering::Relaxed);
-                return Ok(candidate);
+                return Ok((candidate, Some(claim)));
             }
         }
     }
     std::net::TcpListener::bind(addr)
         .and_then(|probe| probe.local_addr())
+        .map(|addr| {
+            let claim = PortClaim::take(addr.port());
+            (addr, claim)
+        })
         .map_err(|err| ApiError::internal(format!("finding a free port on {addr}: {err}")))
 }
 

@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
 use super::api::ApiError;
-use super::listen::{listen_matches, resolve_listen};
+use super::listen::{PortClaim, listen_matches, resolve_listen};
 use crate::env::proxy::json::{NewProxy, ProxyInfo, ToxicInfo};
 
 /// A toxic change makes the engine rebuild every live link of the proxy; a wedged link must not
@@ -61,6 +61,9 @@ pub(super) struct ProxyEntry {
     pub(super) name: String,
     /// Always a concrete address (port 0 resolved), so re-enabling rebinds the same port.
     pub(super) listen: SocketAddr,
+    /// The claim on `listen`'s port when racecert picked it: no other proxy of this process
+    /// takes it while this one is disabled.
+    _claim: Option<PortClaim>,
     pub(super) upstream: String,
     enabled: bool,
     toxics: Vec<Toxic>,
@@ -165,8 +168,10 @@ impl EngineRun {
 impl ProxyEntry {
     /// A new proxy from a validated spec, already running if it is enabled.
     pub(super) async fn create(spec: NewProxy) -> Result<ProxyEntry, ApiError> {
+        let (listen, claim) = resolve_listen(&spec.listen).await?;
         let mut entry = ProxyEntry {
-            listen: resolve_listen(&spec.listen).await?,
+            listen,
+            _claim: claim,
             name: spec.name,
             upstream: spec.upstream,
             enabled: spec.enabled,
@@ -258,8 +263,9 @@ impl ProxyEntry {
             return self.set_enabled(enabled).await;
         }
         self.stop().await;
-        if let Some(listen) = new_listen {
+        if let Some((listen, claim)) = new_listen {
             self.listen = listen;
+            self._claim = claim;
         }
         if let Some(upstream) = new_upstream {
             self.upstream = upstream;
