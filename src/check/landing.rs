@@ -9,7 +9,7 @@
 use crate::contract::layout::KeyMatcher;
 use crate::fault::FaultKind;
 use crate::history::{Event, EventKind, History};
-use crate::wire::{PgRequest, RedisReply, Reply, Request, RoundTrip};
+use crate::wire::{RedisReply, Reply, Request, RoundTrip};
 use std::collections::HashMap;
 
 /// A lease event on the wire: who took, released or lost which lease key, when.
@@ -141,21 +141,6 @@ fn names(history: &History) -> Vec<&str> {
         .collect()
 }
 
-/// Whether a round trip acts on a request: a statement naming it (its SQL or parameters), a
-/// backend call whose body names it, a command whose arguments do.
-pub(super) fn names_request(trip: &RoundTrip, names: &[&str]) -> bool {
-    let named = |text: &str| names.iter().any(|n| text.contains(n));
-    match &trip.request {
-        Request::Postgres(PgRequest::Batch(batch)) => batch
-            .statements
-            .iter()
-            .any(|s| s.executed && (named(&s.sql) || s.params.iter().flatten().any(|p| named(p)))),
-        Request::Http(call) => named(&call.body) || named(&call.path),
-        Request::Redis(command) => command.args.iter().any(|a| named(a)),
-        _ => false,
-    }
-}
-
 /// When the first final write of any request came, in the history's milliseconds (None: none
 /// came, or the audit trail's clock is not placed).
 fn first_final(history: &History) -> Option<i64> {
@@ -176,7 +161,7 @@ fn acting(history: &History) -> Vec<(&str, i64, i64, bool)> {
         .events
         .iter()
         .filter_map(|event| match &event.kind {
-            EventKind::Wire(wire) if names_request(&wire.trip, &names) => Some((
+            EventKind::Wire(wire) if wire.trip.names_any(&names) => Some((
                 wire.worker.as_str(),
                 sent_ms(history, event, &wire.trip),
                 answered_ms(history, event, &wire.trip),
@@ -303,7 +288,7 @@ fn hung_up(history: &History, worker: &str, at: i64) -> bool {
             wire.worker == worker
                 && matches!(wire.trip.request, Request::Http(_))
                 && wire.trip.reply.is_none()
-                && names_request(&wire.trip, &names)
+                && wire.trip.names_any(&names)
                 && sent_ms(history, event, &wire.trip) <= at
         }
         _ => false,
@@ -501,7 +486,7 @@ mod tests {
         // A partition at 500 met worker-a only if something it sent after the cut got no answer.
         assert!(!framework(&history, FaultKind::Partition, "worker-a", 500));
         let mut cut = history.clone();
-        let sync = Request::Postgres(PgRequest::Batch(crate::wire::PgBatch {
+        let sync = Request::Postgres(crate::wire::PgRequest::Batch(crate::wire::PgBatch {
             mode: crate::wire::PgProtocol::Extended,
             statements: Vec::new(),
         }));

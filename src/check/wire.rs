@@ -468,7 +468,7 @@ pub(super) fn compute_waste_bounded(history: &History, keys: &KeyMatcher) -> Vec
 /// and sends a round trip acting on it after (its model call, a statement or command naming it)
 /// took a new job while it should have been draining. The first such round trip is the evidence.
 pub(super) fn drain_discipline(history: &History) -> Vec<Violation> {
-    use super::landing::{names_request, sent_ms};
+    use super::landing::sent_ms;
     let signals = history.events.iter().filter_map(|event| match &event.kind {
         EventKind::Fault(Effect::FrameworkFault {
             kind: crate::fault::FaultKind::Drain,
@@ -485,9 +485,7 @@ pub(super) fn drain_discipline(history: &History) -> Vec<Violation> {
                 .filter(|n| n.len() >= 4)
                 .collect();
             let mut acts = history.events.iter().filter_map(|event| match &event.kind {
-                EventKind::Wire(wire)
-                    if wire.worker == worker && names_request(&wire.trip, &names) =>
-                {
+                EventKind::Wire(wire) if wire.worker == worker && wire.trip.names_any(&names) => {
                     Some((sent_ms(history, event, &wire.trip), event, wire.as_ref()))
                 }
                 _ => None,

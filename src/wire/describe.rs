@@ -103,6 +103,21 @@ impl RoundTrip {
             Some(Reply::Redis(RedisReply::Error(e))) if e.starts_with("NOSCRIPT"));
         noscript || self.request.is_effectless()
     }
+
+    /// Whether the round trip acts on something one of `names` names (a request's id or input):
+    /// an executed statement whose SQL or parameters hold it, an HTTP call whose body or path
+    /// does, a Redis command whose arguments do.
+    pub fn names_any(&self, names: &[&str]) -> bool {
+        let named = |text: &str| names.iter().any(|n| text.contains(n));
+        match &self.request {
+            Request::Postgres(PgRequest::Batch(batch)) => batch.statements.iter().any(|s| {
+                s.executed && (named(&s.sql) || s.params.iter().flatten().any(|p| named(p)))
+            }),
+            Request::Http(call) => named(&call.body) || named(&call.path),
+            Request::Redis(command) => command.args.iter().any(|a| named(a)),
+            _ => false,
+        }
+    }
 }
 
 impl Request {

@@ -465,6 +465,14 @@ impl Proxy {
         enabled
     }
 
+    /// Drops every live connection of the proxy and listens again on the same port after
+    /// `closed` (clients see their connections end, and reconnect).
+    pub async fn reset_connections(&self, closed: std::time::Duration) -> Result<()> {
+        self.disable().await?;
+        tokio::time::sleep(closed).await;
+        self.enable_again().await
+    }
+
     /// Points the proxy at a new upstream (after a container restart moved the service); the
     /// listen address, and so the address workers use, stays the same.
     pub async fn set_upstream(&self, upstream: SocketAddr) -> Result<()> {

@@ -180,9 +180,7 @@ impl CaseCtx<'_, '_> {
     pub(super) async fn reset_broker(&mut self, index: usize) -> Result<()> {
         let id = self.fleet.workers[index].id.clone();
         let proxy = &self.fleet.workers[index].links.redis;
-        proxy.disable().await?;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if let Err(err) = proxy.enable_again().await {
+        if let Err(err) = proxy.reset_connections(Duration::from_millis(100)).await {
             // The listener's port was taken while it was closed (another process on this
             // machine bound it): the worker gets new links and a restart, whose start runs the
             // same restore sweep.
@@ -595,8 +593,7 @@ async fn prepare_fleet(ctx: &mut CaseCtx<'_, '_>, fault: FaultKind) -> Result<()
                 // meanwhile goes to the dead worker and is lost. Its connections are cut at the
                 // proxy before the case submits anything.
                 let redis = &ctx.fleet.workers[index].links.redis;
-                redis.disable().await?;
-                redis.enable_again().await?;
+                redis.reset_connections(Duration::ZERO).await?;
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 ctx.note(&id, &id, "stopped for this case", "message");
             }
@@ -856,10 +853,7 @@ impl Plane for CaseCtx<'_, '_> {
 
     async fn kill_main(&mut self, worker: usize) -> Result<Option<String>> {
         let id = self.worker_id(worker);
-        self.fleet.workers[worker].signal_group(Signal::SIGKILL);
-        if let Some(child) = self.fleet.workers[worker].child.as_mut() {
-            let _ = child.wait().await;
-        }
+        self.fleet.kill(worker).await;
         self.note(
             &id,
             &id,
@@ -981,10 +975,11 @@ impl Plane for CaseCtx<'_, '_> {
                 .await
                 .map_err(|err| Error::other(format!("ending {id}'s database sessions: {err}")))?;
         let links = &self.fleet.workers[worker].links;
-        links.postgres.disable().await?;
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        links
+            .postgres
+            .reset_connections(Duration::from_millis(200))
+            .await?;
         links.hold(None);
-        links.postgres.enable_again().await?;
         let _ = release.send(true);
         let ended = ended.into_iter().filter(|e| *e).count();
         let held = cut.elapsed();
@@ -1024,10 +1019,7 @@ impl Plane for CaseCtx<'_, '_> {
         tokio::time::sleep_until((signalled + self.aim.slow + DRAIN_GRACE_AFTER_CALL).into()).await;
         let killed = !self.fleet.exited(worker);
         if killed {
-            self.fleet.workers[worker].signal_group(Signal::SIGKILL);
-            if let Some(child) = self.fleet.workers[worker].child.as_mut() {
-                let _ = child.wait().await;
-            }
+            self.fleet.kill(worker).await;
             self.note(
                 &id,
                 &id,

@@ -261,6 +261,15 @@ impl Fleet<'_> {
         worker.child = None;
     }
 
+    /// SIGKILLs worker `index`'s process group and waits for its process to end.
+    pub(super) async fn kill(&mut self, index: usize) {
+        let worker = &mut self.workers[index];
+        worker.signal_group(Signal::SIGKILL);
+        if let Some(child) = worker.child.as_mut() {
+            let _ = child.wait().await;
+        }
+    }
+
     /// Whether worker `index`'s process has exited.
     pub(super) fn exited(&mut self, index: usize) -> bool {
         self.workers[index]

@@ -9,7 +9,7 @@ use crate::contract::JobRow;
 use crate::fault::FaultKind;
 use crate::history::{AuditRow, Event, EventKind, History, Observation, SubmittedRequest};
 use crate::system::System;
-use crate::wire::{PgRequest, Request, WireEvent};
+use crate::wire::{Request, RoundTrip, WireEvent};
 use sqlx::Row;
 
 /// What can be judged of a system as its file describes it: the audit trail always says how
@@ -304,14 +304,11 @@ pub(super) async fn judge(
         .iter()
         .filter(|(_, event)| {
             event.trip.reply.is_none()
-                && matches!(&event.trip.request, Request::Postgres(PgRequest::Batch(batch))
-                if batch.statements.iter().any(|s| {
-                    s.sql.contains(&request)
-                        || s.params.iter().flatten().any(|p| p.contains(&request))
-                }))
+                && matches!(event.trip.request, Request::Postgres(_))
+                && event.trip.names_any(&[request.as_str()])
         })
         .map(|(_, event)| Arrow {
-            at_ms: ctx.wire_origin_unix_ms + (event.trip.sent_us / 1000) as i64 - ctx.t0,
+            at_ms: sent_unix_ms(ctx, &event.trip) - ctx.t0,
             from: event.worker.clone(),
             to: "db".into(),
             label: format!("{}: its connection ended first", event.trip.describe(None)),
@@ -386,7 +383,7 @@ fn model_call_arrows(ctx: &CaseCtx<'_, '_>, input: &str, fault: FaultKind) -> Ve
         .into_iter()
         .filter_map(|(_, event)| match &event.trip.request {
             Request::Http(http) if http.body.contains(needle) => Some((
-                ctx.wire_origin_unix_ms + (event.trip.sent_us / 1000) as i64,
+                sent_unix_ms(ctx, &event.trip),
                 event.worker.clone(),
                 version_of(&event.worker)?,
                 event.trip.reply.is_some(),
@@ -425,6 +422,11 @@ fn model_call_arrows(ctx: &CaseCtx<'_, '_>, input: &str, fault: FaultKind) -> Ve
             kind: "message".into(),
         })
         .collect()
+}
+
+/// When a round trip was sent, Unix ms (the wire's clock placed on the bed's origin).
+fn sent_unix_ms(ctx: &CaseCtx<'_, '_>, trip: &RoundTrip) -> i64 {
+    ctx.wire_origin_unix_ms + (trip.sent_us / 1000) as i64
 }
 
 fn case_trips(ctx: &CaseCtx<'_, '_>) -> Vec<(i64, WireEvent)> {
