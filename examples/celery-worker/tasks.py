@@ -16,14 +16,20 @@ Four tasks do the same job (create the result row, call the model, store its out
 - ``tasks.infer_locked`` is the fenced task behind a per-request Redis lock that saves duplicate
   model calls, with a flaw only the wire shows: a redelivered message takes the lock over.
 
+Every task reads the model through a result cache when ``CACHE_PREFIX`` is set (keys
+``{CACHE_PREFIX}{sha256 of the input}``, ``CACHE_TTL_S``, default 3600): ``cached.toml`` puts the
+model version in the prefix; ``stale-cache.toml`` does not, so after a rollout the new version
+serves the old model's cached output.
+
 Configuration comes from the environment only, so any harness (racecert, a test, a person) can run
 it unchanged: ``BROKER_URL`` (Redis), ``DATABASE_URL`` (Postgres), ``MODEL_URL`` (an
 OpenAI-compatible server), ``MODEL_NAME``, ``MODEL_VERSION``, ``WORKER_NAME``,
 ``VISIBILITY_TIMEOUT_S`` (default 5: short on purpose, real inference outlives it),
 ``MODEL_TIMEOUT_S`` (default 30), ``LOCK_TTL_MS`` (default 60000), ``IGNORE_SIGTERM`` (``1``:
-the drain bug of ``draining.toml``).
+the drain bug of ``draining.toml``), ``CACHE_PREFIX``, ``CACHE_TTL_S``.
 """
 
+import hashlib
 import json
 import logging
 import os
@@ -45,6 +51,8 @@ WORKER_NAME = os.environ.get("WORKER_NAME", "worker-a")
 VISIBILITY_TIMEOUT_S = float(os.environ.get("VISIBILITY_TIMEOUT_S", "5"))
 MODEL_TIMEOUT_S = float(os.environ.get("MODEL_TIMEOUT_S", "30"))
 LOCK_TTL_MS = int(os.environ.get("LOCK_TTL_MS", "60000"))
+CACHE_PREFIX = os.environ.get("CACHE_PREFIX", "")
+CACHE_TTL_S = int(os.environ.get("CACHE_TTL_S", "3600"))
 
 app = Celery("tasks", broker=BROKER_URL)
 app.conf.update(
@@ -134,6 +142,24 @@ def call_model(text):
     return answer["choices"][0]["text"]
 
 
+def call_model_cached(task, request_id, text):
+    """The model behind the result cache a team adds once the same prompts come back: a hit is
+    served as is, a miss is computed and stored. Whether a rollout serves the old model's output
+    depends only on the key: with the version in ``CACHE_PREFIX`` the new version misses and
+    computes; without it, it reads what the old version stored."""
+    if not CACHE_PREFIX:
+        return call_model(text)
+    key = CACHE_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:32]
+    store = lock_store()
+    hit = store.get(key)
+    if hit is not None:
+        step(task, request_id, "cache_hit", cache_key=key)
+        return hit.decode()
+    output = call_model(text)
+    store.set(key, output, ex=CACHE_TTL_S)
+    return output
+
+
 def received(task, request_id):
     redelivered = bool((task.request.delivery_info or {}).get("redelivered"))
     step(task, request_id, "retry_dispatched" if redelivered else "job_received")
@@ -176,7 +202,7 @@ def run_naive(task, request_id, input):
         ensure_row(conn, request_id, input)
         step(task, request_id, "inference_started")
         try:
-            output = call_model(input)
+            output = call_model_cached(task, request_id, input)
         except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
             step(task, request_id, "upstream_failed", logging.WARNING, error=exc)
             conn.execute(
@@ -246,7 +272,7 @@ def run_fenced(task, request_id, input):
         step(task, request_id, "job_taken", generation=epoch)
         step(task, request_id, "inference_started", generation=epoch)
         try:
-            output = call_model(input)
+            output = call_model_cached(task, request_id, input)
         except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
             step(task, request_id, "upstream_failed", logging.WARNING, error=exc)
             conn.execute(

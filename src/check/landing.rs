@@ -8,7 +8,7 @@
 
 use crate::contract::layout::KeyMatcher;
 use crate::fault::FaultKind;
-use crate::history::{Event, EventKind, History};
+use crate::history::{Event, EventKind, History, Observation};
 use crate::wire::{RedisReply, Reply, Request, RoundTrip};
 use std::collections::HashMap;
 
@@ -258,6 +258,23 @@ pub(super) fn framework(history: &History, kind: FaultKind, worker: &str, at: i6
         // Told to stop with the request in hand (whether it then took the next job is what
         // drain-discipline judges).
         FaultKind::Drain => held(history, worker, at),
+        // The old version held the request at the switch, and the new version then took the
+        // request that followed it (the same input, accepted after the switch).
+        FaultKind::Cutover => held(history, worker, at) && taken_by_another(history, worker, at),
+        // As a cutover, and the new version acted on that request before the invalidation
+        // step ran: what a cache answers in between is what the lag exposes.
+        FaultKind::CacheInvalidationLag => {
+            let invalidated = history.events.iter().find_map(|event| match &event.kind {
+                EventKind::Harness(Observation::Invalidated { .. }) => Some(event.at_ms as i64),
+                _ => None,
+            });
+            held(history, worker, at)
+                && invalidated.is_some_and(|until| {
+                    acting(history)
+                        .iter()
+                        .any(|(who, sent, _, _)| *who != worker && *sent >= at && *sent <= until)
+                })
+        }
         _ => false,
     }
 }

@@ -44,11 +44,14 @@ pub enum Invariant {
     NoStuckDelivery,
     /// A worker told to stop takes no new job (on the wire).
     DrainDiscipline,
+    /// Requests accepted after a rollout's switch (and its mixed window) are answered by the
+    /// new version.
+    ServedByNewVersion,
 }
 
 impl Invariant {
     /// Every invariant.
-    pub const ALL: [Invariant; 11] = [
+    pub const ALL: [Invariant; 12] = [
         Invariant::AtMostOneFinalWrite,
         Invariant::GenerationsIncrease,
         Invariant::NoNonOwnerFinalWrite,
@@ -60,6 +63,7 @@ impl Invariant {
         Invariant::NoCrossVersionCacheEntry,
         Invariant::NoStuckDelivery,
         Invariant::DrainDiscipline,
+        Invariant::ServedByNewVersion,
     ];
 
     /// Whether it is judged from recorded round trips only (nothing to judge without them).
@@ -86,6 +90,7 @@ impl Invariant {
             Invariant::NoCrossVersionCacheEntry => "no-cross-version-cache-entry",
             Invariant::NoStuckDelivery => "no-stuck-delivery",
             Invariant::DrainDiscipline => "drain-discipline",
+            Invariant::ServedByNewVersion => "served-by-new-version",
         }
     }
 
@@ -117,6 +122,9 @@ impl Invariant {
                 "every delivery is acknowledged once its job is done, none redelivered endlessly"
             }
             Invariant::DrainDiscipline => "a worker told to stop takes no new job",
+            Invariant::ServedByNewVersion => {
+                "a request accepted after the rollout's switch (and its mixed window) is answered by the new version"
+            }
         }
     }
 }
@@ -217,11 +225,59 @@ pub fn check(history: &History, invariants: &[Invariant]) -> Vec<Violation> {
                 wire::no_cross_version_cache_entry(history, &keys)
             }
             Invariant::DrainDiscipline if wire => wire::drain_discipline(history),
+            Invariant::ServedByNewVersion => served_by_new_version(history),
             Invariant::LeaseDiscipline
             | Invariant::NoCrossVersionCacheEntry
             | Invariant::DrainDiscipline => Vec::new(),
         })
         .collect()
+}
+
+/// served-by-new-version: every request submitted at or after a rollout's switch plus its mixed
+/// window ends with an output of the version rolled out (the output names the version that
+/// produced it). An old worker still consuming, or a cache answering with the old model's
+/// output, both break it.
+fn served_by_new_version(history: &History) -> Vec<Violation> {
+    let switch = history.events.iter().find_map(|event| match &event.kind {
+        EventKind::Harness(Observation::Switched { to, window_ms, .. }) => {
+            Some((event.at_ms + window_ms, to.as_str(), event.at_ms))
+        }
+        _ => None,
+    });
+    let Some((from_ms, to, switched_ms)) = switch else {
+        return Vec::new();
+    };
+    let mut violations = Vec::new();
+    for event in &history.events {
+        let EventKind::Harness(Observation::Submitted { key }) = &event.kind else {
+            continue;
+        };
+        if event.at_ms < from_ms {
+            continue;
+        }
+        let Some(job) = history.jobs.iter().find(|j| j.idempotency_key == *key) else {
+            continue;
+        };
+        let Some(output) = job.output.as_deref() else {
+            continue;
+        };
+        let named = wire::output_versions(output);
+        if let Some(other) = named.iter().find(|v| *v != to) {
+            violations.push(Violation {
+                invariant: Invariant::ServedByNewVersion,
+                observed: format!(
+                    "request {key}, accepted {} ms after the switch to {to}, was answered by {other}",
+                    event.at_ms - switched_ms
+                ),
+                evidence: vec![
+                    format!("t={switched_ms}ms the rollout switched to {to}"),
+                    format!("t={}ms {key} submitted", event.at_ms),
+                    format!("final row of {key}: output {output:?}"),
+                ],
+            });
+        }
+    }
+    violations
 }
 
 fn by_key(audit: &[AuditRow]) -> BTreeMap<&str, Vec<&AuditRow>> {

@@ -29,7 +29,7 @@ struct Holder {
 }
 
 /// A model output in a value: `{version}:{16 hex}` (contract::model_output).
-fn output_versions(value: &str) -> BTreeSet<String> {
+pub(super) fn output_versions(value: &str) -> BTreeSet<String> {
     static OUTPUT: OnceLock<Regex> = OnceLock::new();
     let output = OUTPUT
         .get_or_init(|| Regex::new(r"([A-Za-z0-9_.-]+):[0-9a-f]{16}\b").expect("a valid pattern"));
@@ -463,18 +463,17 @@ pub(super) fn compute_waste_bounded(history: &History, keys: &KeyMatcher) -> Vec
     violations
 }
 
-/// drain-discipline: a worker told to stop (a `drain` fault's signal) begins nothing new. Judged
+/// drain-discipline: a worker told to stop (a rollout's stop signal: a `drain` or `cutover`
+/// fault) begins nothing new. Judged
 /// per request of the history: a worker that had not acted on a request before its stop signal
 /// and sends a round trip acting on it after (its model call, a statement or command naming it)
 /// took a new job while it should have been draining. The first such round trip is the evidence.
 pub(super) fn drain_discipline(history: &History) -> Vec<Violation> {
     use super::landing::sent_ms;
     let signals = history.events.iter().filter_map(|event| match &event.kind {
-        EventKind::Fault(Effect::FrameworkFault {
-            kind: crate::fault::FaultKind::Drain,
-            worker,
-            ..
-        }) => Some((worker.as_str(), event.at_ms as i64)),
+        EventKind::Harness(Observation::Stopping { worker, .. }) => {
+            Some((worker.as_str(), event.at_ms as i64))
+        }
         _ => None,
     });
     let mut out = Vec::new();
@@ -504,7 +503,7 @@ pub(super) fn drain_discipline(history: &History) -> Vec<Violation> {
                     first - signal
                 ),
                 evidence: vec![
-                    format!("t={signal}ms {worker} told to stop (drain)"),
+                    format!("t={signal}ms {worker} told to stop (its stop signal)"),
                     proof(event, wire, history.namespace.as_deref()),
                 ],
             });
@@ -725,10 +724,9 @@ mod tests {
                 RedisReply::Int(1),
             )
         };
-        let stop = EventKind::Fault(Effect::FrameworkFault {
-            kind: crate::fault::FaultKind::Drain,
+        let stop = EventKind::Harness(Observation::Stopping {
             worker: "a".into(),
-            detail: "SIGTERM".into(),
+            signal: "SIGTERM".into(),
         });
         let requests = vec![
             crate::history::SubmittedRequest {

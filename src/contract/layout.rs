@@ -134,6 +134,11 @@ impl KeyMatcher {
         Some(captures.name("key")?.as_str().to_owned())
     }
 
+    /// Whether `key` is a cache key of the layout (with or without a version in it).
+    pub fn is_cache(&self, key: &str) -> bool {
+        self.cache.as_ref().is_some_and(|r| r.is_match(key))
+    }
+
     /// The model version whose namespace a cache key is in (None: not a cache key of the
     /// pattern, e.g. a key without a version).
     pub fn cache_version(&self, key: &str) -> Option<String> {

@@ -298,6 +298,12 @@ impl FaultKind {
             FaultKind::ApiResubmission => {
                 Some("nothing acted on the request submitted again while its first attempt ran")
             }
+            FaultKind::Cutover => Some(
+                "the old worker did not hold the request at the switch, or no worker of the new version took the request after it",
+            ),
+            FaultKind::CacheInvalidationLag => Some(
+                "the new version took no request before the late invalidation: does the new worker start ([rollout] surge, grace_s)?",
+            ),
             FaultKind::Partition => Some(
                 "the worker sent nothing on its cut link before the heal: its write came later, or it keeps no connection of its own",
             ),
@@ -761,6 +767,23 @@ pub trait Plane: Send {
     fn drain(&mut self, worker: usize) -> impl Future<Output = Result<Option<String>>> + Send {
         async move { Err(not_here(FaultKind::Drain, worker)) }
     }
+
+    /// Rolls the next version out while worker `worker` (of the old one) holds a request: the
+    /// switch mid-call, the old worker replaced as the system's rollout says, then the same
+    /// input submitted again as a new request for the new version. With `late_invalidation`
+    /// the team's cache invalidation step runs only after the new version served it.
+    /// Returns what was done, in a phrase, or None when the worker had nothing to hit; called
+    /// only when [`Plane::can_apply`] allows [`FaultKind::Cutover`] (or
+    /// [`FaultKind::CacheInvalidationLag`]) aimed at a worker ([`Fault::Framework`]);
+    /// racecert's own beds switch the active version instead ([`Fault::Cutover`]).
+    fn roll_out(
+        &mut self,
+        worker: usize,
+        late_invalidation: bool,
+    ) -> impl Future<Output = Result<Option<String>>> + Send {
+        let _ = late_invalidation;
+        async move { Err(not_here(FaultKind::Cutover, worker)) }
+    }
 }
 
 /// A plane asked for what it said it cannot do ([`Plane::can_apply`] lied): a harness bug.
@@ -874,6 +897,8 @@ pub async fn apply<P: Plane>(fault: &Fault, plane: &mut P) -> Result<Effect> {
                 FaultKind::UpstreamTimeout => plane.outlast_model_timeout(*worker).await?,
                 FaultKind::Partition => plane.partition_worker(*worker).await?,
                 FaultKind::Drain => plane.drain(*worker).await?,
+                FaultKind::Cutover => plane.roll_out(*worker, false).await?,
+                FaultKind::CacheInvalidationLag => plane.roll_out(*worker, true).await?,
                 other => {
                     return Ok(Effect::NotApplicable {
                         kind: *other,

@@ -157,6 +157,34 @@ pub enum Observation {
         /// The request it is held before (its fingerprint).
         before: String,
     },
+    /// A request was submitted (a team's system: the way its API does it).
+    Submitted {
+        /// The request's key.
+        key: String,
+    },
+    /// A rollout switched the active model version: requests accepted from here (plus
+    /// `window_ms`, the mixed window a team allows) belong to `to`.
+    Switched {
+        /// The version rolled away from.
+        from: String,
+        /// The version rolled out.
+        to: String,
+        /// How long old and new may both answer after the switch, ms.
+        window_ms: u64,
+    },
+    /// A rollout told a worker to stop (its stop signal): from here it should begin no new job.
+    Stopping {
+        /// The worker.
+        worker: String,
+        /// The signal, by name.
+        signal: String,
+    },
+    /// A rollout's cache invalidation step ran (the team's command, or its key patterns
+    /// deleted).
+    Invalidated {
+        /// What it did.
+        detail: String,
+    },
     /// After the drain, a delivery was still unacknowledged.
     Pending {
         /// The job's idempotency key.
@@ -179,6 +207,10 @@ impl Observation {
             Observation::LeaseOutlivesBound { .. } => "lease_outlives_bound",
             Observation::Pending { .. } => "pending_delivery",
             Observation::Held { .. } => "held",
+            Observation::Submitted { .. } => "submitted",
+            Observation::Switched { .. } => "switched",
+            Observation::Stopping { .. } => "stopping",
+            Observation::Invalidated { .. } => "invalidated",
         }
     }
 
@@ -222,6 +254,20 @@ impl Observation {
             Observation::Held { worker, before } => {
                 vec![("worker_id", worker.clone()), ("before", before.clone())]
             }
+            Observation::Submitted { key } => vec![("idempotency_key", key.clone())],
+            Observation::Switched {
+                from,
+                to,
+                window_ms,
+            } => vec![
+                ("from", from.clone()),
+                ("to", to.clone()),
+                ("window_ms", window_ms.to_string()),
+            ],
+            Observation::Stopping { worker, signal } => {
+                vec![("worker_id", worker.clone()), ("signal", signal.clone())]
+            }
+            Observation::Invalidated { detail } => vec![("detail", detail.clone())],
         }
     }
 }

@@ -30,6 +30,14 @@ const SKEW: &[&str] = &["at-most-one-final-write", "result-names-its-version"];
 const LOST: &[&str] = &["no-lost-job"];
 /// A worker that took a job after its stop signal (on the wire), or lost it to its SIGKILL.
 const DRAIN: &[&str] = &["drain-discipline", "no-lost-job"];
+/// An output of the old version served after the switch, from the cache (on the wire) or as the
+/// stored result.
+const CACHE: &[&str] = &[
+    "no-stale-cache-read",
+    "no-cross-version-cache-entry",
+    "result-names-its-version",
+    "served-by-new-version",
+];
 /// Two attempts holding one lock (seen on the wire, `[keys] lease`), or both writing.
 const LEASE: &[&str] = &["lease-discipline", "at-most-one-final-write"];
 
@@ -100,8 +108,16 @@ pub fn faults_for(
         (Framework::Custom, VisibilityTimeoutTooShort) => Err(
             "a `custom` system has no queue visibility timeout racecert can outlive (no framework preset); api-resubmission makes a second attempt, which the log's other diagnoses use",
         ),
+        // A cache race: a rollout while the old version holds a request, then the same input
+        // asked of the new version (an entry the old version filled, or filled again after an
+        // invalidation at the switch), judged on the wire from the cache's keys.
+        (_, CrossVersionCache | UnversionedCacheKey | CacheHitBeforeInvalidation)
+            if keys.cache.is_some() =>
+        {
+            Ok((vec![Cutover], CACHE))
+        }
         (_, CrossVersionCache | UnversionedCacheKey | CacheHitBeforeInvalidation) => Err(
-            "a cache race needs a version cutover between two requests sharing a cache entry, and the system runner has no cutover fault yet (`[keys] cache` judges the cache reads and writes its cases make); `racecert replay LOG` without --system re-creates it on racecert's reference worker",
+            "a cache race is judged on the wire from the worker's own cache keys: name them in the system file (`[cache] key = \"cache:*\"`, with `{version}` where the key has it)",
         ),
         (Framework::Custom, LeaseTtlTooShort) => Err(
             "a lease race needs a second attempt while the first still runs, and a `custom` system has no redelivery racecert can force; `racecert replay LOG` without --system re-creates it on racecert's reference worker",
@@ -491,6 +507,17 @@ mod tests {
         };
         let (_, breaks) = faults_for(Cause::LeaseTtlTooShort, Framework::Apalis, &locks).unwrap();
         assert!(breaks.contains(&"lease-discipline"));
+        // A cache race needs the cache's keys; with them, a rollout re-creates it.
+        let reason = faults_for(Cause::UnversionedCacheKey, Framework::Celery, &none).unwrap_err();
+        assert!(reason.contains("[cache] key"), "{reason}");
+        let cached = KeyLayout {
+            lease: None,
+            cache: Some("cache:*".into()),
+        };
+        let (faults, breaks) =
+            faults_for(Cause::UnversionedCacheKey, Framework::Apalis, &cached).unwrap();
+        assert_eq!(faults, [FaultKind::Cutover]);
+        assert!(breaks.contains(&"no-stale-cache-read"));
     }
 
     #[test]

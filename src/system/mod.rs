@@ -8,6 +8,7 @@
 //! reads. The runner that drives a system's processes with faults is `schedule::system`.
 
 pub mod preset;
+pub mod rollout;
 
 use crate::contract::layout::KeyLayout;
 use crate::env::backends::ModelApi;
@@ -174,6 +175,10 @@ pub struct System {
     /// The worker's own lease and cache keys in Redis (`[keys]`): with them, the wire checks
     /// judge its locks and cache (lease-discipline, no-stale-cache-read, ...).
     pub keys: KeyLayout,
+    /// How the team rolls a new model version out (`[rollout]`; defaults when absent).
+    pub rollout: rollout::Rollout,
+    /// Where its result cache lives (`[cache]`), if it has one.
+    pub cache: Option<rollout::Cache>,
     places: BTreeMap<String, Place>,
 }
 
@@ -251,6 +256,27 @@ impl System {
             }
             None => KeyLayout::default(),
         };
+        let mut keys = keys;
+        let place_of = |span: std::ops::Range<usize>| at(span).0;
+        let cache = match raw.cache {
+            Some(cache) => {
+                let span = cache.key.span();
+                let cache = rollout::cache(cache, &mut note, &place_of)?;
+                if keys.cache.is_some() {
+                    return Err(Error::Config(format!(
+                        "{}: [cache] key and [keys] cache both say where the cache is: keep [cache]",
+                        place_of(span)
+                    )));
+                }
+                keys.cache = Some(cache.key.clone());
+                Some(cache)
+            }
+            None => None,
+        };
+        let rollout = match raw.rollout {
+            Some(rollout) => rollout::rollout(rollout, &mut note, &place_of)?,
+            None => rollout::Rollout::default(),
+        };
         let submit = raw.submit.into_inner();
         let submit = match (submit.task, submit.command) {
             (Some(task), None) => Submit::Preset {
@@ -326,6 +352,8 @@ impl System {
             apalis: raw.apalis,
             model_timeout: Duration::from_millis(raw.timeouts.map_or(30_000, |t| t.model_ms)),
             keys,
+            rollout,
+            cache,
             places,
         };
         system.validate()?;
@@ -416,26 +444,37 @@ impl System {
         check_placeholders(&self.start.command, START_PLACEHOLDERS)
             .and_then(|()| check_unquoted(&self.start.command))
             .or_else(|bad| fail("start.command", bad))?;
+        let cache_field = if self.cache.is_some() {
+            "cache.key"
+        } else {
+            "keys.cache"
+        };
         for (field, pattern, needs) in [
             ("keys.lease", &self.keys.lease, "key"),
-            ("keys.cache", &self.keys.cache, "version"),
+            (cache_field, &self.keys.cache, "version"),
         ] {
             let Some(pattern) = pattern else { continue };
             check_placeholders(pattern, &["key", "version"]).or_else(|bad| fail(field, bad))?;
-            if placeholders(pattern)
+            let count = placeholders(pattern)
                 .iter()
                 .filter(|p| **p == needs)
-                .count()
-                != 1
-            {
+                .count();
+            // A cache whose key does not name the version is judged all the same (by the
+            // versions its entries' outputs name); a version named twice is ambiguous.
+            if count > 1 || (count == 0 && needs == "key") {
                 return fail(
                     field,
                     format!(
-                        "{pattern:?} must hold {{{needs}}} exactly once (e.g. {})",
+                        "{pattern:?} must hold {{{needs}}} {} (e.g. {})",
+                        if needs == "key" {
+                            "exactly once"
+                        } else {
+                            "at most once"
+                        },
                         if needs == "key" {
                             "\"lock:{key}\""
                         } else {
-                            "\"cache:{version}:*\""
+                            "\"cache:{version}:*\", or \"cache:*\" for a key without it"
                         }
                     ),
                 );
@@ -466,6 +505,7 @@ impl System {
                 .and_then(|()| check_unquoted(command))
                 .or_else(|bad| fail("submit", bad))?,
         }
+        rollout::validate(self)?;
         match self.framework {
             Framework::Celery => {
                 let celery = self.celery()?;
@@ -651,6 +691,8 @@ impl SystemBuilder {
                 apalis: None,
                 model_timeout: Duration::from_secs(30),
                 keys: KeyLayout::default(),
+                rollout: rollout::Rollout::default(),
+                cache: None,
                 places: BTreeMap::new(),
             },
         }
@@ -754,6 +796,19 @@ impl SystemBuilder {
         self
     }
 
+    /// How the team rolls a version out.
+    pub fn rollout(mut self, rollout: rollout::Rollout) -> Self {
+        self.system.rollout = rollout;
+        self
+    }
+
+    /// Where the team's result cache lives (judged as `[keys] cache` is).
+    pub fn cache(mut self, cache: rollout::Cache) -> Self {
+        self.system.keys.cache = Some(cache.key.clone());
+        self.system.cache = Some(cache);
+        self
+    }
+
     /// The checked description.
     pub fn build(self) -> Result<System> {
         self.system.validate()?;
@@ -783,6 +838,8 @@ mod raw {
         pub celery: Option<CeleryOptions>,
         pub apalis: Option<ApalisOptions>,
         pub timeouts: Option<Timeouts>,
+        pub rollout: Option<super::rollout::raw::Rollout>,
+        pub cache: Option<super::rollout::raw::Cache>,
     }
 
     #[derive(Deserialize)]
@@ -925,10 +982,13 @@ mod tests {
         let err = System::parse(&text, path).unwrap_err().to_string();
         assert!(err.contains("sys.toml:20:9"), "{err}");
         assert!(err.contains("unknown placeholder {id}"), "{err}");
-        let text = format!("{}[keys]\ncache = \"cache:*\"\n", celery_file(results));
+        let text = format!(
+            "{}[keys]\ncache = \"cache:{{version}}:{{version}}\"\n",
+            celery_file(results)
+        );
         let err = System::parse(&text, path).unwrap_err().to_string();
         assert!(err.contains("sys.toml:20:9"), "{err}");
-        assert!(err.contains("must hold {version} exactly once"), "{err}");
+        assert!(err.contains("must hold {version} at most once"), "{err}");
 
         // A variable's bad placeholder is reported at the variable's own line.
         let text = format!(

@@ -14,8 +14,9 @@ use std::time::Duration;
 /// a restart under the same worker name), and every system has an API that may submit a request
 /// again (`api-resubmission`), a model call that may outlast the worker's own timeout
 /// (`upstream-timeout`: its retry or failure path runs while the call may still complete) and a
-/// database link that may fail under a worker mid-job (`partition`) and a rollout that replaces
-/// the worker holding a job (`drain`).
+/// database link that may fail under a worker mid-job (`partition`), a rollout that replaces
+/// the worker holding a job (`drain`) and one that switches to the next version while it holds
+/// one (`cutover`).
 pub fn faults(framework: Framework) -> Vec<FaultKind> {
     use FaultKind::*;
     let mut own = match framework {
@@ -32,8 +33,18 @@ pub fn faults(framework: Framework) -> Vec<FaultKind> {
         Framework::Apalis => vec![HeartbeatMiss, HeartbeatMiss, KillMain],
         Framework::Custom => vec![KillMain],
     };
-    own.extend([ApiResubmission, UpstreamTimeout, Partition, Drain]);
+    own.extend([ApiResubmission, UpstreamTimeout, Partition, Drain, Cutover]);
     own
+}
+
+/// The kinds `system` has: its framework's ([`faults`]), and `cache-invalidation-lag` when its
+/// rollout has an invalidation step to run late.
+pub fn system_faults(system: &super::System) -> Vec<FaultKind> {
+    let mut kinds = faults(system.framework);
+    if system.rollout.invalidate.is_some() {
+        kinds.push(FaultKind::CacheInvalidationLag);
+    }
+    kinds
 }
 
 /// The kinds of a framework, by name, for messages.

@@ -23,6 +23,8 @@ crate::tests!(
     celery_retry_after_an_upstream_timeout_or_a_resubmission_writes_twice_and_fenced_passes,
     the_apalis_examples_lock_file_holds_racecerts_dependencies,
     celery_a_worker_that_keeps_consuming_after_its_stop_signal_is_caught_and_fenced_drains,
+    celery_a_rollout_serves_an_unversioned_cache_entry_across_versions_and_the_versioned_cache_passes,
+    celery_a_stale_cache_incident_log_replays_on_the_team_system,
 );
 
 fn example(file: &str) -> PathBuf {
@@ -276,6 +278,113 @@ async fn celery_a_worker_that_keeps_consuming_after_its_stop_signal_is_caught_an
         outcome.passed() && outcome.cases[0].landed && outcome.cases[0].model_calls == 1,
         "Celery's warm shutdown drains: the job in hand ends, the replacement runs the next:\n{text}"
     );
+    Ok(())
+}
+
+/// `cutover`: the rollout to v2 while the v1 worker is in the request's model call (the new
+/// worker started first, the old one told to stop and drained), then the same input asked as a
+/// request of its own. A cache key without the version serves v2 the entry v1 wrote, judged on
+/// the wire (the `GET` and the version its answer names), on the final row and on when the
+/// request was accepted. Deleting the cache once the old workers are gone passes the cutover and
+/// fails when that step runs late (`cache-invalidation-lag`). The key with the version passes
+/// both rollout faults, each landed.
+async fn celery_a_rollout_serves_an_unversioned_cache_entry_across_versions_and_the_versioned_cache_passes(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let stale = System::load(&example("celery-worker/stale-cache.toml"))?;
+    let outcome = run_system(bed, &stale, &settings(&[FaultKind::Cutover])).await?;
+    let text = summary(&outcome);
+    let case = outcome.cases.first().context_or(&text)?;
+    let broke: std::collections::BTreeSet<&str> =
+        case.violations.iter().map(|v| v.invariant.name()).collect();
+    anyhow::ensure!(
+        case.landed
+            && broke
+                == [
+                    "no-stale-cache-read",
+                    "result-names-its-version",
+                    "served-by-new-version"
+                ]
+                .into(),
+        "the v2 worker was served v1's cached output:\n{text}"
+    );
+    let read = case
+        .violations
+        .iter()
+        .find(|v| v.invariant.name() == "no-stale-cache-read")
+        .context_or(&text)?;
+    anyhow::ensure!(
+        read.observed
+            .starts_with("worker-b running as v2 read a v1 output from cache key cache:")
+            && read.evidence.iter().any(|e| e.contains("GET cache:")),
+        "the evidence is worker-b's GET on the wire: {read:#?}"
+    );
+
+    let invalidating = System::load(&example("celery-worker/invalidating.toml"))?;
+    let faults = [FaultKind::Cutover, FaultKind::CacheInvalidationLag];
+    let outcome = run_system(bed, &invalidating, &settings(&faults)).await?;
+    let text = summary(&outcome);
+    anyhow::ensure!(outcome.cases.len() == 2, "two cases ran:\n{text}");
+    let (cutover, late) = (&outcome.cases[0], &outcome.cases[1]);
+    anyhow::ensure!(
+        cutover.landed && cutover.violations.is_empty() && cutover.model_calls == 2,
+        "invalidated once the old workers were gone, the new version computes its own:\n{text}"
+    );
+    anyhow::ensure!(
+        late.landed
+            && late
+                .violations
+                .iter()
+                .any(|v| v.invariant.name() == "no-stale-cache-read"),
+        "invalidated late, the new version is served the old entry:\n{text}"
+    );
+
+    let cached = System::load(&example("celery-worker/cached.toml"))?;
+    let faults = [FaultKind::Cutover, FaultKind::Drain];
+    let outcome = run_system(bed, &cached, &settings(&faults)).await?;
+    let text = summary(&outcome);
+    anyhow::ensure!(
+        outcome.passed() && outcome.cases.len() == 2 && outcome.cases.iter().all(|c| c.landed),
+        "a cache key with the version passes both rollout faults, each landed:\n{text}"
+    );
+    Ok(())
+}
+
+/// `racecert replay LOG --system FILE` of a stale-cache incident (a v2 worker answering with v1's
+/// cached output after a cutover, as a team's JSON logs show it): the cache cause is re-created
+/// by `cutover` on the team's system, reproduced on the stale-cache variant and prevented by the
+/// versioned cache.
+async fn celery_a_stale_cache_incident_log_replays_on_the_team_system(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let _shared = bed.shared().await;
+    let log = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/incidents/stale-cache.nested.log");
+    let log_arg = log.display().to_string();
+    for (file, code, verdict) in [
+        (
+            "celery-worker/stale-cache.toml",
+            1,
+            "REPRODUCED on the team's worker",
+        ),
+        (
+            "celery-worker/cached.toml",
+            0,
+            "prevented by the team's worker",
+        ),
+    ] {
+        let file_arg = example(file).display().to_string();
+        let out = racecert_cli(&["replay", &log_arg, "--system", &file_arg])?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        anyhow::ensure!(
+            out.status.code() == Some(code)
+                && stdout.contains(verdict)
+                && stdout.contains("cutover"),
+            "replay {log_arg} --system {file_arg}: exit {:?}\n{stdout}\n{stderr}",
+            out.status.code()
+        );
+    }
     Ok(())
 }
 

@@ -2,16 +2,17 @@
 //! framework's clients do, the fault applied (through [`crate::fault::apply`]: this case is the
 //! fault's [`Plane`]) once a worker took the request, then a drain.
 
-use super::fleet::{children_of, configure, open_links, with_path};
+use super::fleet::{children_of, configure, open_links};
 use super::judge::judge;
-use super::{Arrow, Fleet, SystemCase, Wire, now_ms, tail};
+use super::{Arrow, Fleet, SystemCase, Wire, now_ms};
 use crate::env::TestBed;
 use crate::env::backends::{Behaviour, ModelBackend, ProgramGuard, release_all};
 use crate::fault::{Effect, Fault, FaultKind, Plane};
+use crate::history::Observation;
 use crate::system::preset::{
     APALIS_INSERT, CELERY_PREFETCH_ENV, celery_keys, celery_message, fault_prefetch,
 };
-use crate::system::{Framework, Submit, System, fill, fill_shell};
+use crate::system::{Framework, Submit, System, fill};
 use crate::wire::{Holder, Reply, TxStatus};
 use crate::{Error, Result};
 use futures::future::BoxFuture;
@@ -23,7 +24,6 @@ use sqlx::PgConnection;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::process::Command;
 
 /// How long a partition outlasts the model call it began in: time for the worker to take the
 /// answer to its database and meet the cut, and for a retry (Celery's backoff starts at 1 s) to
@@ -55,10 +55,8 @@ impl Holder for Blackhole {
     }
 }
 
-/// How long a drain's grace period outlasts the job in hand: the job ends within it (a worker
-/// that drains exits), and a worker that took the next job is still in that job's model call
-/// when the grace runs out.
-const DRAIN_GRACE_AFTER_CALL: Duration = Duration::from_secs(2);
+/// How long a submit command may run.
+const SUBMIT_BOUND: Duration = Duration::from_secs(60);
 
 /// What a case works with.
 pub(super) struct CaseCtx<'a, 'f> {
@@ -86,6 +84,9 @@ pub(super) struct CaseCtx<'a, 'f> {
     pub(super) aim: Aim,
     /// What the case's faults did, each with when it began (Unix ms).
     pub(super) effects: Vec<(i64, Effect)>,
+    /// What the case saw or did besides (submissions, a rollout's switch and stop signals),
+    /// each with when (Unix ms).
+    pub(super) observations: Vec<(i64, Observation)>,
     /// The origin of the wire's clock, Unix ms.
     pub(super) wire_origin_unix_ms: i64,
 }
@@ -227,10 +228,14 @@ impl CaseCtx<'_, '_> {
         let system = self.system;
         let venv = self.venv.clone();
         let venv = venv.as_str();
-        let database = self.database.clone();
-        let database = database.as_str();
         let values = [("request_id", request_id), ("input", input), ("venv", venv)];
         let mut delivery_tag = None;
+        self.observations.push((
+            now_ms(),
+            Observation::Submitted {
+                key: request_id.to_owned(),
+            },
+        ));
         match &system.submit {
             Submit::Preset { task, args, queue } => {
                 let args: BTreeMap<String, String> = args
@@ -283,49 +288,15 @@ impl CaseCtx<'_, '_> {
                 }
             }
             Submit::Command(command) => {
-                // The submitter's own links (its writes are its own on the wire).
-                let links = &self
-                    .fleet
-                    .submitter
-                    .as_ref()
-                    .unwrap_or(&self.fleet.workers[0])
-                    .links;
-                let redis_url = with_path(links.redis_url(), &self.redis_db.to_string());
-                let database_url = with_path(links.database_url(), database);
-                let command = fill_shell(
-                    command,
-                    &[
-                        ("request_id", request_id),
-                        ("input", input),
-                        ("venv", venv),
-                        ("redis_url", &redis_url),
-                        ("database_url", &database_url),
-                    ],
-                );
-                let output = Command::new("sh")
-                    .arg("-c")
-                    .arg(&command)
-                    .current_dir(&system.start.workdir)
-                    .envs(
-                        self.fleet
-                            .submitter
-                            .as_ref()
-                            .unwrap_or(&self.fleet.workers[0])
-                            .env
-                            .iter()
-                            .map(|(k, v)| (k.as_str(), v.as_str())),
+                let command = self
+                    .team_command(
+                        command,
+                        &[("request_id", request_id), ("input", input)],
+                        "submit",
+                        "submit command",
+                        SUBMIT_BOUND,
                     )
-                    .output()
-                    .await
-                    .map_err(|err| Error::io(format!("submit `{command}`"), err))?;
-                if !output.status.success() {
-                    return Err(Error::Config(format!(
-                        "{}: submit command `{command}` failed ({}):\n{}",
-                        system.place("submit"),
-                        output.status,
-                        tail(&String::from_utf8_lossy(&output.stderr), 20)
-                    )));
-                }
+                    .await?;
                 self.note(
                     "racecert",
                     "racecert",
@@ -563,9 +534,18 @@ pub(super) fn in_transaction(wire: &Wire, worker: &str) -> bool {
 /// A worker is restarted only when its variables change or it is not running.
 async fn prepare_fleet(ctx: &mut CaseCtx<'_, '_>, fault: FaultKind) -> Result<()> {
     let prefetch = fault == FaultKind::PrefetchRestore;
-    // A drain replaces the only worker running, as a rolling update with no surge does: the
-    // next job has no other worker to go to until the replacement starts.
-    let solo = prefetch || fault == FaultKind::Drain;
+    // A rollout replaces the only worker running, the old version's: a drain's next job has no
+    // other worker to go to until the replacement starts, and a cutover's request is the old
+    // version's until the switch.
+    let solo = prefetch
+        || matches!(
+            fault,
+            FaultKind::Drain | FaultKind::Cutover | FaultKind::CacheInvalidationLag
+        );
+    // Every case begins on the first version: the active key says so.
+    if let Some((first, _)) = ctx.system.versions.first() {
+        ctx.set_active(&first.clone()).await?;
+    }
     let multiplier = fault_prefetch(
         ctx.system
             .celery
@@ -716,12 +696,12 @@ impl Plane for CaseCtx<'_, '_> {
     }
 
     fn can_apply(&self, kind: FaultKind) -> std::result::Result<(), String> {
-        if crate::system::preset::faults(self.system.framework).contains(&kind) {
+        if crate::system::preset::system_faults(self.system).contains(&kind) {
             Ok(())
         } else {
             Err(format!(
-                "{kind} is not a fault of {} (its faults: {})",
-                self.system.framework.name(),
+                "{kind} is not a fault of system {:?} (its faults: {})",
+                self.system.name,
                 crate::system::preset::fault_names(self.system.framework)
             ))
         }
@@ -996,56 +976,11 @@ impl Plane for CaseCtx<'_, '_> {
     }
 
     async fn drain(&mut self, worker: usize) -> Result<Option<String>> {
-        let id = self.worker_id(worker);
-        let Some(pid) = self.fleet.workers[worker].main_pid() else {
-            return Ok(None);
-        };
-        // The stop signal, mid-job, then the next job: a request arriving during the rollout.
-        let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-        let signalled = Instant::now();
-        self.note(
-            &id,
-            &id,
-            "SIGTERM (its stop signal: drain) mid-job",
-            "fault",
-        );
-        let next_id = format!("{}-next", self.prefix);
-        let next_input = format!("{} next job", self.prefix);
-        self.judged_too.push((next_id.clone(), next_input.clone()));
-        self.companions.push(next_input.clone());
-        self.submit(&next_id, &next_input).await?;
-        // The grace period: the job in hand ends within it (its model answers after `slow`); a
-        // worker still running at its end is killed, as an orchestrator does.
-        tokio::time::sleep_until((signalled + self.aim.slow + DRAIN_GRACE_AFTER_CALL).into()).await;
-        let killed = !self.fleet.exited(worker);
-        if killed {
-            self.fleet.kill(worker).await;
-            self.note(
-                &id,
-                &id,
-                "grace period over, still running: SIGKILL",
-                "fault",
-            );
-        }
-        release_all(std::mem::take(&mut self.aim.slow_guards)).await;
-        // The replacement: the other worker (the next version), started once the old one is
-        // gone.
-        let other = self.aim.other;
-        if other != worker {
-            self.fleet.start(other).await?;
-            let other_id = self.worker_id(other);
-            self.note(&other_id, &other_id, "started: the replacement", "message");
-        }
-        let grace = self.aim.slow + DRAIN_GRACE_AFTER_CALL;
-        Ok(Some(format!(
-            "SIGTERM mid-job, the next job submitted, grace {} ms{}, then the replacement",
-            grace.as_millis(),
-            if killed {
-                ", then SIGKILL (still running)"
-            } else {
-                " (it exited within it)"
-            }
-        )))
+        super::rollout::drain(self, worker).await
+    }
+
+    async fn roll_out(&mut self, worker: usize, late: bool) -> Result<Option<String>> {
+        super::rollout::roll_out(self, worker, late).await
     }
 
     async fn miss_heartbeats(&mut self, worker: usize) -> Result<Option<String>> {

@@ -31,11 +31,15 @@ pub(super) fn judged(system: &System) -> (Vec<Invariant>, Vec<Invariant>) {
     if system.keys.lease.is_some() {
         judged.push(Invariant::LeaseDiscipline);
     }
-    if system.keys.cache.is_some() {
-        judged.extend([
-            Invariant::NoCrossVersionCacheEntry,
-            Invariant::NoStaleCacheRead,
-        ]);
+    if let Some(cache) = &system.keys.cache {
+        judged.push(Invariant::NoStaleCacheRead);
+        // One version's entries apart from another's only where the key names the version.
+        if cache.contains("{version}") {
+            judged.push(Invariant::NoCrossVersionCacheEntry);
+        }
+    }
+    if system.rollout.served_by_new_version.is_some() {
+        judged.push(Invariant::ServedByNewVersion);
     }
     let not_judged = Invariant::ALL
         .into_iter()
@@ -102,6 +106,13 @@ async fn history(ctx: &mut CaseCtx<'_, '_>, request: &str, input: &str) -> Resul
         })
         .collect();
     // A system case has no schedule steps: every event is step 0, and its time says where it is.
+    for (at, observation) in &ctx.observations {
+        events.push(Event {
+            step: 0,
+            at_ms: since(*at),
+            kind: EventKind::Harness(observation.clone()),
+        });
+    }
     for (at, effect) in &ctx.effects {
         events.push(Event {
             step: 0,
@@ -284,7 +295,7 @@ pub(super) async fn judge(
                 if command
                     .keys
                     .iter()
-                    .any(|k| layout.is_lease(k) || layout.cache_version(k).is_some()) =>
+                    .any(|k| layout.is_lease(k) || layout.is_cache(k)) =>
             {
                 Some(Arrow {
                     at_ms: at - ctx.t0,

@@ -22,6 +22,7 @@
 mod case;
 mod fleet;
 mod judge;
+mod rollout;
 #[cfg(test)]
 mod tests;
 
@@ -283,19 +284,22 @@ pub async fn run_system(
 ) -> Result<SystemOutcome> {
     static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let kinds = crate::system::preset::system_faults(system);
     let faults = if settings.faults.is_empty() {
-        crate::system::preset::faults(system.framework)
+        kinds.clone()
     } else {
         settings.faults.clone()
     };
-    if let Some(bad) = faults
-        .iter()
-        .find(|f| !crate::system::preset::faults(system.framework).contains(f))
-    {
+    if let Some(bad) = faults.iter().find(|f| !kinds.contains(f)) {
+        let why = if *bad == FaultKind::CacheInvalidationLag {
+            " (it runs the team's invalidation step late: [rollout] has none)".to_owned()
+        } else {
+            String::new()
+        };
         return Err(Error::Config(format!(
-            "fault {bad} does not apply to framework {:?} (its faults: {})",
-            system.framework.name(),
-            crate::system::preset::faults(system.framework)
+            "fault {bad} does not apply to system {:?}{why} (its faults: {})",
+            system.name,
+            kinds
                 .iter()
                 .map(|f| f.name())
                 .collect::<std::collections::BTreeSet<_>>()
@@ -512,6 +516,7 @@ async fn run_with_backends(
                 judged_too: Vec::new(),
                 aim: Aim::default(),
                 effects: Vec::new(),
+                observations: Vec::new(),
                 wire_origin_unix_ms: bed.wire_origin_unix_ms(),
             };
             let started = Instant::now();
