@@ -40,24 +40,55 @@ async fn lookup_listen(raw: &str) -> Result<Vec<SocketAddr>, ApiError> {
 static OWNED: std::sync::Mutex<std::collections::BTreeSet<u16>> =
     std::sync::Mutex::new(std::collections::BTreeSet::new());
 
+/// Where racecert processes on this machine claim ports from each other: a file per port, held
+/// locked while a proxy owns the port. A `cargo test` runs racecert's CLI beside its own test
+/// beds, and one process's probe took the port another's proxy had released for a moment to
+/// take a tap. The kernel drops the lock with its process, so a killed one leaves no claim.
+fn claims_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join("racecert-ports")
+}
+
 /// A port a proxy owns until the claim is dropped (the proxy deleted, or moved to another port).
 #[derive(Debug)]
-pub(super) struct PortClaim(u16);
+pub(super) struct PortClaim {
+    port: u16,
+    /// The port's claim file, locked (None where the directory cannot be written: the claim
+    /// then holds within this process only).
+    _lock: Option<std::fs::File>,
+}
 
 impl PortClaim {
-    /// Claims `port`; None if a proxy of this process owns it already.
+    /// Claims `port`; None if a proxy of this process, or of another racecert process, owns it.
     fn take(port: u16) -> Option<PortClaim> {
-        OWNED
-            .lock()
-            .expect("poisoned")
-            .insert(port)
-            .then_some(PortClaim(port))
+        if !OWNED.lock().expect("poisoned").insert(port) {
+            return None;
+        }
+        let dir = claims_dir();
+        let file = std::fs::create_dir_all(&dir).and_then(|()| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(dir.join(port.to_string()))
+        });
+        let lock = match file {
+            Ok(file) => match file.try_lock() {
+                Ok(()) => Some(file),
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    OWNED.lock().expect("poisoned").remove(&port);
+                    return None;
+                }
+                Err(std::fs::TryLockError::Error(_)) => None,
+            },
+            Err(_) => None,
+        };
+        Some(PortClaim { port, _lock: lock })
     }
 }
 
 impl Drop for PortClaim {
     fn drop(&mut self) {
-        OWNED.lock().expect("poisoned").remove(&self.0);
+        OWNED.lock().expect("poisoned").remove(&self.port);
     }
 }
 
@@ -120,4 +151,31 @@ pub(super) async fn listen_matches(raw: &str, current: SocketAddr) -> bool {
             .iter()
             .any(|addr| addr.port() != 0 && *addr == current)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_another_racecert_process_claimed_is_not_taken() {
+        // Another process's claim: its own open of the port's file, locked (a lock is per open
+        // file, so this stands for another process).
+        let port = 9_999;
+        std::fs::create_dir_all(claims_dir()).unwrap();
+        let theirs = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(claims_dir().join(port.to_string()))
+            .unwrap();
+        theirs.lock().unwrap();
+        assert!(PortClaim::take(port).is_none());
+        // ... and it is free again once theirs ends.
+        drop(theirs);
+        let ours = PortClaim::take(port).expect("free again");
+        assert!(PortClaim::take(port).is_none(), "ours, in this process");
+        drop(ours);
+        assert!(PortClaim::take(port).is_some());
+    }
 }
