@@ -93,7 +93,7 @@ const LONG: &[&str] = &[
     "systems::celery_submitted_by_the_teams_own_command_with_spaces_in_the_input",
     "systems::celery_retry_after_an_upstream_timeout_or_a_resubmission_writes_twice_and_fenced_passes",
     "systems::celery_a_worker_that_keeps_consuming_after_its_stop_signal_is_caught_and_fenced_drains",
-    "systems::celery_a_rollout_serves_an_unversioned_cache_entry_across_versions_and_the_versioned_cache_passes",
+    "systems::celery_a_late_invalidation_is_caught_and_the_versioned_cache_passes_every_rollout_fault",
     "systems::celery_a_stale_cache_incident_log_replays_on_the_team_system",
     "ci_docs::the_gitlab_parallel_job_in_docs_ci_runs_and_merges",
 ];

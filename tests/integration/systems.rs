@@ -23,7 +23,8 @@ crate::tests!(
     celery_retry_after_an_upstream_timeout_or_a_resubmission_writes_twice_and_fenced_passes,
     the_apalis_examples_lock_file_holds_racecerts_dependencies,
     celery_a_worker_that_keeps_consuming_after_its_stop_signal_is_caught_and_fenced_drains,
-    celery_a_rollout_serves_an_unversioned_cache_entry_across_versions_and_the_versioned_cache_passes,
+    celery_a_rollout_serves_an_unversioned_cache_entry_across_versions,
+    celery_a_late_invalidation_is_caught_and_the_versioned_cache_passes_every_rollout_fault,
     celery_a_stale_cache_incident_log_replays_on_the_team_system,
 );
 
@@ -285,10 +286,8 @@ async fn celery_a_worker_that_keeps_consuming_after_its_stop_signal_is_caught_an
 /// worker started first, the old one told to stop and drained), then the same input asked as a
 /// request of its own. A cache key without the version serves v2 the entry v1 wrote, judged on
 /// the wire (the `GET` and the version its answer names), on the final row and on when the
-/// request was accepted. Deleting the cache once the old workers are gone passes the cutover and
-/// fails when that step runs late (`cache-invalidation-lag`). The key with the version passes
-/// both rollout faults, each landed.
-async fn celery_a_rollout_serves_an_unversioned_cache_entry_across_versions_and_the_versioned_cache_passes(
+/// request was accepted.
+async fn celery_a_rollout_serves_an_unversioned_cache_entry_across_versions(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
     let stale = System::load(&example("celery-worker/stale-cache.toml"))?;
@@ -319,7 +318,15 @@ async fn celery_a_rollout_serves_an_unversioned_cache_entry_across_versions_and_
             && read.evidence.iter().any(|e| e.contains("GET cache:")),
         "the evidence is worker-b's GET on the wire: {read:#?}"
     );
+    Ok(())
+}
 
+/// Deleting the cache once the old workers are gone passes the cutover and fails when that
+/// step runs late (`cache-invalidation-lag`). The key with the version passes both rollout faults
+/// (`cutover`, `drain`), each landed.
+async fn celery_a_late_invalidation_is_caught_and_the_versioned_cache_passes_every_rollout_fault(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
     let invalidating = System::load(&example("celery-worker/invalidating.toml"))?;
     let faults = [FaultKind::Cutover, FaultKind::CacheInvalidationLag];
     let outcome = run_system(bed, &invalidating, &settings(&faults)).await?;
@@ -546,7 +553,8 @@ async fn system_files_that_cannot_work_fail_naming_the_place(bed: &TestBed) -> a
 /// one's name). The fenced handler (epoch fence, a name per process) passes both. The files'
 /// `setup` (`cargo build`) is left out here: it would build the same binary a second time, with
 /// other features (a dev-dependency unifies features in a test build), minutes for nothing;
-/// `system_files_that_cannot_work_fail_naming_the_place` covers `setup`.
+/// `system_files_that_cannot_work_fail_naming_the_place` covers `setup`. Last, its rollout
+/// files: the stale cache and the worker that keeps consuming are caught, the cached one passes.
 async fn apalis_example_certifies_itself_from_its_own_cargo_test_and_its_files(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
@@ -618,6 +626,44 @@ async fn apalis_example_certifies_itself_from_its_own_cargo_test_and_its_files(
     anyhow::ensure!(
         outcome.passed() && outcome.cases.len() == 2 && outcome.cases[0].model_calls == 2,
         "fenced: passes, the requeued job ran twice and wrote once:\n{text}"
+    );
+
+    // The rollout files: a Redis result cache whose key lacks the version serves v2 the entry
+    // v1 wrote; a SIGTERM handler of the team's own keeps the worker consuming; the versioned
+    // cache passes both rollout faults, each landed.
+    for (file, fault, broken, what) in [
+        (
+            "apalis-worker/stale-cache.toml",
+            FaultKind::Cutover,
+            "no-stale-cache-read",
+            "the v2 worker is served v1's entry after the cutover",
+        ),
+        (
+            "apalis-worker/draining.toml",
+            FaultKind::Drain,
+            "drain-discipline",
+            "the worker takes the next job after its stop signal",
+        ),
+    ] {
+        let outcome = run_system(bed, &load(file)?, &settings(&[fault])).await?;
+        let text = summary(&outcome);
+        anyhow::ensure!(
+            outcome.cases.len() == 1
+                && outcome.cases[0].landed
+                && outcome.cases[0]
+                    .violations
+                    .iter()
+                    .any(|v| v.invariant.name() == broken),
+            "{file}: {what}:\n{text}"
+        );
+    }
+    let cached = load("apalis-worker/cached.toml")?;
+    let faults = [FaultKind::Cutover, FaultKind::Drain];
+    let outcome = run_system(bed, &cached, &settings(&faults)).await?;
+    let text = summary(&outcome);
+    anyhow::ensure!(
+        outcome.passed() && outcome.cases.len() == 2 && outcome.cases.iter().all(|c| c.landed),
+        "cached: passes both rollout faults, each landed:\n{text}"
     );
     Ok(())
 }

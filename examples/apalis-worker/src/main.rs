@@ -15,8 +15,12 @@
 //!
 //! Configuration is read from the environment only: `DATABASE_URL`, `MODEL_URL`, `MODEL_NAME`,
 //! `MODEL_VERSION`, `WORKER_NAME`, `QUEUE` (default `inference`), `HEARTBEAT_S` and
-//! `MISSED_HEARTBEATS` (apalis' `Config::default()`: 30 s and 10), `MODEL_TIMEOUT_S` (30).
+//! `MISSED_HEARTBEATS` (apalis' `Config::default()`: 30 s and 10), `MODEL_TIMEOUT_S` (30);
+//! `CACHE_PREFIX`, `CACHE_TTL_S` and `REDIS_URL` for the result cache ([`cache`]); and
+//! `IGNORE_SIGTERM=1`, the drain bug of `draining.toml`: a SIGTERM handler of the team's own that
+//! flushes metrics and carries on, so the worker keeps taking jobs until its SIGKILL.
 
+mod cache;
 mod model;
 mod store;
 
@@ -43,8 +47,26 @@ pub struct InferenceRequest {
 struct App {
     pool: PgPool,
     model: Model,
+    cache: Option<cache::Cache>,
     worker: String,
     version: String,
+}
+
+impl App {
+    /// The model's output for `input`, through the result cache when there is one.
+    async fn infer(&self, step: &Step<'_>, input: &str) -> Result<String, BoxDynError> {
+        let Some(cache) = &self.cache else {
+            return self.model.infer(input).await;
+        };
+        let key = cache.key(input);
+        if let Some(hit) = cache.get(&key).await? {
+            step.info("cache_hit", None);
+            return Ok(hit);
+        }
+        let output = self.model.infer(input).await?;
+        cache.put(&key, &output).await?;
+        Ok(output)
+    }
 }
 
 type Shared = Data<Arc<App>>;
@@ -112,7 +134,7 @@ async fn infer_naive(
     step.received();
     store::ensure_row(&app.pool, &job).await?;
     step.info("inference_started", None);
-    match app.model.infer(&job.input).await {
+    match app.infer(&step, &job.input).await {
         Ok(output) => {
             store::write_naive(
                 &app.pool,
@@ -154,7 +176,7 @@ async fn infer_fenced(
     };
     step.info("job_taken", Some(epoch));
     step.info("inference_started", Some(epoch));
-    let written = match app.model.infer(&job.input).await {
+    let written = match app.infer(&step, &job.input).await {
         Ok(output) => {
             store::write_fenced(&app.pool, &job.request_id, epoch, &output, &app.version).await?
         }
@@ -213,6 +235,7 @@ async fn run_worker(fenced: bool) -> Result<(), BoxDynError> {
         )?,
         worker: var("WORKER_NAME", "worker-a"),
         version: var("MODEL_VERSION", "v1"),
+        cache: cache::Cache::from_env().await?,
         pool: pool.clone(),
     });
     let config = apalis_config()?;
@@ -229,8 +252,15 @@ async fn run_worker(fenced: bool) -> Result<(), BoxDynError> {
         .with_config(config)
         .with_pubsub();
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let ignore_sigterm = var("IGNORE_SIGTERM", "") == "1";
     let stop = async move {
         sigterm.recv().await;
+        // The drain bug (draining.toml): a handler of the team's own takes SIGTERM to flush
+        // metrics and never stops the worker.
+        while ignore_sigterm {
+            warn!(status = "sigterm_received", "SIGTERM received: metrics flushed");
+            sigterm.recv().await;
+        }
         Ok::<(), std::io::Error>(())
     };
     // apalis recovers a dead worker's jobs only once its name stops heartbeating. A restarted
