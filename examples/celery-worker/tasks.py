@@ -26,7 +26,8 @@ it unchanged: ``BROKER_URL`` (Redis), ``DATABASE_URL`` (Postgres), ``MODEL_URL``
 OpenAI-compatible server), ``MODEL_NAME``, ``MODEL_VERSION``, ``WORKER_NAME``,
 ``VISIBILITY_TIMEOUT_S`` (default 5: short on purpose, real inference outlives it),
 ``MODEL_TIMEOUT_S`` (default 30), ``LOCK_TTL_MS`` (default 60000), ``IGNORE_SIGTERM`` (``1``:
-the drain bug of ``draining.toml``), ``CACHE_PREFIX``, ``CACHE_TTL_S``.
+the drain bug of ``draining.toml``), ``CACHE_PREFIX``, ``CACHE_TTL_S``, ``VERSION_FROM_ANSWER``
+(``1``: record the version the model answered with, not the worker's own).
 """
 
 import hashlib
@@ -53,6 +54,7 @@ MODEL_TIMEOUT_S = float(os.environ.get("MODEL_TIMEOUT_S", "30"))
 LOCK_TTL_MS = int(os.environ.get("LOCK_TTL_MS", "60000"))
 CACHE_PREFIX = os.environ.get("CACHE_PREFIX", "")
 CACHE_TTL_S = int(os.environ.get("CACHE_TTL_S", "3600"))
+VERSION_FROM_ANSWER = os.environ.get("VERSION_FROM_ANSWER") == "1"
 
 app = Celery("tasks", broker=BROKER_URL)
 app.conf.update(
@@ -129,7 +131,8 @@ def ensure_row(conn, request_id, text):
 
 
 def call_model(text):
-    """OpenAI-compatible completion: POST {MODEL_URL}/v1/completions -> choices[0].text."""
+    """OpenAI-compatible completion: POST {MODEL_URL}/v1/completions -> (choices[0].text, the
+    model that answered: its ``model`` field)."""
     body = json.dumps({"model": MODEL_NAME, "prompt": text}).encode()
     req = urllib.request.Request(
         f"{MODEL_URL}/v1/completions",
@@ -139,25 +142,33 @@ def call_model(text):
     )
     with urllib.request.urlopen(req, timeout=MODEL_TIMEOUT_S) as resp:
         answer = json.load(resp)
-    return answer["choices"][0]["text"]
+    return answer["choices"][0]["text"], answer.get("model") or MODEL_VERSION
 
 
 def call_model_cached(task, request_id, text):
     """The model behind the result cache a team adds once the same prompts come back: a hit is
-    served as is, a miss is computed and stored. Whether a rollout serves the old model's output
+    served as is, a miss computed and stored. Whether a rollout serves the old model's output
     depends only on the key: with the version in ``CACHE_PREFIX`` the new version misses and
-    computes; without it, it reads what the old version stored."""
+    computes; without it, it reads what the old version stored.
+
+    Returns the output and the version the row records: the worker's own (``MODEL_VERSION``),
+    or with ``VERSION_FROM_ANSWER=1`` the model that answered, for workers that share one model
+    URL whose backend a rollout switches under them (``backend-switch.toml``)."""
     if not CACHE_PREFIX:
-        return call_model(text)
+        return recorded(*call_model(text))
     key = CACHE_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:32]
     store = lock_store()
     hit = store.get(key)
     if hit is not None:
         step(task, request_id, "cache_hit", cache_key=key)
-        return hit.decode()
-    output = call_model(text)
+        return hit.decode(), MODEL_VERSION
+    output, answered_by = call_model(text)
     store.set(key, output, ex=CACHE_TTL_S)
-    return output
+    return recorded(output, answered_by)
+
+
+def recorded(output, answered_by):
+    return output, answered_by if VERSION_FROM_ANSWER else MODEL_VERSION
 
 
 def received(task, request_id):
@@ -202,7 +213,7 @@ def run_naive(task, request_id, input):
         ensure_row(conn, request_id, input)
         step(task, request_id, "inference_started")
         try:
-            output = call_model_cached(task, request_id, input)
+            output, version = call_model_cached(task, request_id, input)
         except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
             step(task, request_id, "upstream_failed", logging.WARNING, error=exc)
             conn.execute(
@@ -214,7 +225,7 @@ def run_naive(task, request_id, input):
         conn.execute(
             "UPDATE inference_results SET status = 'SUCCEEDED', output = %s, model_version = %s,"
             " owner = %s, updated_at = now() WHERE request_id = %s",
-            (output, MODEL_VERSION, WORKER_NAME, request_id),
+            (output, version, WORKER_NAME, request_id),
         )
     step(task, request_id, "inference_succeeded", write="result_store")
     return None
@@ -272,7 +283,7 @@ def run_fenced(task, request_id, input):
         step(task, request_id, "job_taken", generation=epoch)
         step(task, request_id, "inference_started", generation=epoch)
         try:
-            output = call_model_cached(task, request_id, input)
+            output, version = call_model_cached(task, request_id, input)
         except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
             step(task, request_id, "upstream_failed", logging.WARNING, error=exc)
             conn.execute(
@@ -285,7 +296,7 @@ def run_fenced(task, request_id, input):
             "UPDATE inference_results SET status = 'SUCCEEDED', output = %s, model_version = %s,"
             " updated_at = now()"
             " WHERE request_id = %s AND epoch = %s AND status NOT IN ('SUCCEEDED', 'FAILED')",
-            (output, MODEL_VERSION, request_id, epoch),
+            (output, version, request_id, epoch),
         ).rowcount
     if written == 1:
         step(task, request_id, "inference_succeeded", write="result_store", generation=epoch)

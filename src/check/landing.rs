@@ -261,6 +261,20 @@ pub(super) fn framework(history: &History, kind: FaultKind, worker: &str, at: i6
         // The old version held the request at the switch, and the new version then took the
         // request that followed it (the same input, accepted after the switch).
         FaultKind::Cutover => held(history, worker, at) && taken_by_another(history, worker, at),
+        // The worker held the request at the switch, and called the model (now the next
+        // version) again after it, and was answered.
+        FaultKind::BackendSwitch => {
+            held(history, worker, at)
+                && history.events.iter().any(|event| match &event.kind {
+                    EventKind::Wire(wire) => {
+                        wire.worker == worker
+                            && matches!(wire.trip.request, Request::Http(_))
+                            && wire.trip.reply.is_some()
+                            && sent_ms(history, event, &wire.trip) > at
+                    }
+                    _ => false,
+                })
+        }
         // As a cutover, and the new version acted on that request before the invalidation
         // step ran: what a cache answers in between is what the lag exposes.
         FaultKind::CacheInvalidationLag => {

@@ -383,6 +383,12 @@ pub enum Behaviour {
         /// The HTTP status.
         status: u16,
     },
+    /// Answer at once as the model of `version` does (another version's backend now behind
+    /// this URL: a rollout that switches what a shared model URL reaches).
+    Serve {
+        /// The version that answers.
+        version: String,
+    },
     /// Answer with HTTP `status` on the first `calls` calls, then correctly.
     FailFirst {
         /// The HTTP status.
@@ -515,6 +521,12 @@ impl ModelBackend {
             }
             Behaviour::Fail { status } => {
                 mocks.push(case().respond_with(journaled(Box::new(error_template(status)))));
+            }
+            Behaviour::Serve { version } => {
+                mocks.push(case().respond_with(journaled(Box::new(ModelResponder {
+                    version,
+                    api: self.api.clone(),
+                }))));
             }
             Behaviour::FailFirst { status, calls } => {
                 // Mounted first, so it answers until wiremock has counted `calls` of them.

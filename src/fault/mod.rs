@@ -188,11 +188,14 @@ pub enum FaultKind {
     /// A team's system: the worker holding the request is replaced as an orchestrator does it
     /// (its stop signal, a grace period, SIGKILL, then the replacement) while a new job arrives.
     Drain,
+    /// A team's system whose workers share one model URL: the backend behind it switches to the
+    /// next version while a worker of the old one runs (a load balancer's target, a DNS name).
+    BackendSwitch,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 18] = [
+    pub const ALL: [FaultKind; 19] = [
         FaultKind::UpstreamTimeout,
         FaultKind::RetryOverlap,
         FaultKind::LeaseExpiry,
@@ -211,12 +214,13 @@ impl FaultKind {
         FaultKind::PrefetchRestore,
         FaultKind::ApiResubmission,
         FaultKind::Drain,
+        FaultKind::BackendSwitch,
     ];
 
     /// The kinds only a team's system has (`certify --system`): its framework's own machinery,
     /// and its API submitting again; which of them a framework has is its preset's business
     /// (`system::preset`).
-    pub const FRAMEWORK: [FaultKind; 9] = [
+    pub const FRAMEWORK: [FaultKind; 10] = [
         FaultKind::VisibilityOutlived,
         FaultKind::ForcedRestore,
         FaultKind::KillPoolChild,
@@ -226,6 +230,7 @@ impl FaultKind {
         FaultKind::PrefetchRestore,
         FaultKind::ApiResubmission,
         FaultKind::Drain,
+        FaultKind::BackendSwitch,
     ];
 
     /// kebab-case name.
@@ -249,6 +254,7 @@ impl FaultKind {
             FaultKind::PrefetchRestore => "prefetch-restore",
             FaultKind::ApiResubmission => "api-resubmission",
             FaultKind::Drain => "drain",
+            FaultKind::BackendSwitch => "backend-switch",
         }
     }
 
@@ -285,6 +291,9 @@ impl FaultKind {
             FaultKind::Drain => {
                 "the worker holding the job was told to stop while a new job waited"
             }
+            FaultKind::BackendSwitch => {
+                "the model behind a running worker's URL changed version and the worker called it"
+            }
         }
     }
 
@@ -298,6 +307,9 @@ impl FaultKind {
             FaultKind::ApiResubmission => {
                 Some("nothing acted on the request submitted again while its first attempt ran")
             }
+            FaultKind::BackendSwitch => Some(
+                "the worker made no model call after the switch: did the request submitted after it reach the same worker?",
+            ),
             FaultKind::Cutover => Some(
                 "the old worker did not hold the request at the switch, or no worker of the new version took the request after it",
             ),
@@ -768,6 +780,17 @@ pub trait Plane: Send {
         async move { Err(not_here(FaultKind::Drain, worker)) }
     }
 
+    /// Switches what worker `worker`'s model URL reaches to the next version while the worker
+    /// runs (its call in flight answered by the old one), then gives it a request.
+    /// Returns what was done, in a phrase, or None when the worker had nothing to hit; called
+    /// only when [`Plane::can_apply`] allows [`FaultKind::BackendSwitch`].
+    fn switch_backend(
+        &mut self,
+        worker: usize,
+    ) -> impl Future<Output = Result<Option<String>>> + Send {
+        async move { Err(not_here(FaultKind::BackendSwitch, worker)) }
+    }
+
     /// Rolls the next version out while worker `worker` (of the old one) holds a request: the
     /// switch mid-call, the old worker replaced as the system's rollout says, then the same
     /// input submitted again as a new request for the new version. With `late_invalidation`
@@ -899,6 +922,7 @@ pub async fn apply<P: Plane>(fault: &Fault, plane: &mut P) -> Result<Effect> {
                 FaultKind::Drain => plane.drain(*worker).await?,
                 FaultKind::Cutover => plane.roll_out(*worker, false).await?,
                 FaultKind::CacheInvalidationLag => plane.roll_out(*worker, true).await?,
+                FaultKind::BackendSwitch => plane.switch_backend(*worker).await?,
                 other => {
                     return Ok(Effect::NotApplicable {
                         kind: *other,

@@ -37,12 +37,16 @@ pub fn faults(framework: Framework) -> Vec<FaultKind> {
     own
 }
 
-/// The kinds `system` has: its framework's ([`faults`]), and `cache-invalidation-lag` when its
-/// rollout has an invalidation step to run late.
+/// The kinds `system` has: its framework's ([`faults`]); `cache-invalidation-lag` when its
+/// rollout has an invalidation step to run late; `backend-switch` when its workers share one
+/// model URL whose backend the rollout switches.
 pub fn system_faults(system: &super::System) -> Vec<FaultKind> {
     let mut kinds = faults(system.framework);
     if system.rollout.invalidate.is_some() {
         kinds.push(FaultKind::CacheInvalidationLag);
+    }
+    if system.rollout.backend_switch {
+        kinds.push(FaultKind::BackendSwitch);
     }
     kinds
 }

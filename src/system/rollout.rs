@@ -37,6 +37,10 @@ pub struct Rollout {
     /// `served-by-new-version`, opt-in: requests accepted this long after the switch (the mixed
     /// window a team allows) must be answered by the new version. None: not judged.
     pub served_by_new_version: Option<Duration>,
+    /// Whether the workers share one model URL whose backend is switched to the next version
+    /// (a load balancer's target, a DNS name) rather than one URL per version: puts
+    /// `backend-switch` in scope.
+    pub backend_switch: bool,
 }
 
 impl Default for Rollout {
@@ -50,6 +54,7 @@ impl Default for Rollout {
             invalidate: None,
             invalidate_at: InvalidateAt::Switch,
             served_by_new_version: None,
+            backend_switch: false,
         }
     }
 }
@@ -134,6 +139,7 @@ pub(super) mod raw {
         pub invalidate_at: Option<Spanned<InvalidateAt>>,
         pub served_by_new_version: Option<Spanned<bool>>,
         pub mixed_window_s: Option<Spanned<f64>>,
+        pub backend_switch: Option<bool>,
     }
 
     #[derive(Deserialize)]
@@ -206,6 +212,7 @@ pub(super) fn rollout(
     if let Some(surge) = raw.surge {
         rollout.surge = surge;
     }
+    rollout.backend_switch = raw.backend_switch.unwrap_or(false);
     rollout.invalidate = match (raw.invalidate_keys, raw.invalidate_command) {
         (Some(_), Some(command)) => {
             return Err(fail(
@@ -378,6 +385,7 @@ invalidate_keys = ["cache:{version}:*"]
 invalidate_at = "drained"
 served_by_new_version = true
 mixed_window_s = 1
+backend_switch = true
 [cache]
 key = "cache:*"
 ttl_s = 600
@@ -397,6 +405,7 @@ ttl_s = 600
         );
         assert_eq!(rollout.invalidate_at, InvalidateAt::Drained);
         assert_eq!(rollout.served_by_new_version, Some(Duration::from_secs(1)));
+        assert!(rollout.backend_switch);
         let cache = system.cache.as_ref().unwrap();
         assert!(!cache.versioned());
         assert_eq!(cache.ttl, Some(Duration::from_secs(600)));

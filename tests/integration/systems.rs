@@ -26,6 +26,7 @@ crate::tests!(
     celery_a_rollout_serves_an_unversioned_cache_entry_across_versions,
     celery_a_late_invalidation_is_caught_and_the_versioned_cache_passes_every_rollout_fault,
     celery_a_stale_cache_incident_log_replays_on_the_team_system,
+    celery_a_backend_switch_under_a_running_worker_is_caught_where_the_row_keeps_its_own_version,
 );
 
 fn example(file: &str) -> PathBuf {
@@ -353,6 +354,43 @@ async fn celery_a_late_invalidation_is_caught_and_the_versioned_cache_passes_eve
     anyhow::ensure!(
         outcome.passed() && outcome.cases.len() == 2 && outcome.cases.iter().all(|c| c.landed),
         "a cache key with the version passes both rollout faults, each landed:\n{text}"
+    );
+    Ok(())
+}
+
+/// `backend-switch`: the workers share one model URL and the rollout switches the backend behind
+/// it while a v1 worker runs; its next request is answered by v2. The task that records the
+/// version the model answered with passes (landed); the same task recording the worker's own
+/// `MODEL_VERSION` writes v1 over v2's output.
+async fn celery_a_backend_switch_under_a_running_worker_is_caught_where_the_row_keeps_its_own_version(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let mut system = System::load(&example("celery-worker/backend-switch.toml"))?;
+    let faults = [FaultKind::BackendSwitch];
+    let outcome = run_system(bed, &system, &settings(&faults)).await?;
+    let text = summary(&outcome);
+    anyhow::ensure!(
+        outcome.passed() && outcome.cases.len() == 1 && outcome.cases[0].landed,
+        "recording the answering version passes, the switch landed:\n{text}"
+    );
+    anyhow::ensure!(
+        system.start.env.remove("VERSION_FROM_ANSWER").is_some(),
+        "the file sets VERSION_FROM_ANSWER"
+    );
+    let outcome = run_system(bed, &system, &settings(&faults)).await?;
+    let text = summary(&outcome);
+    let case = outcome.cases.first().context_or(&text)?;
+    let skew = case
+        .violations
+        .iter()
+        .find(|v| v.invariant.name() == "result-names-its-version")
+        .context_or(&text)?;
+    anyhow::ensure!(
+        case.landed
+            && skew
+                .observed
+                .contains("record names v1 but the output was produced by v2"),
+        "the worker's own version over the switched backend's output: {skew:#?}\n{text}"
     );
     Ok(())
 }

@@ -540,7 +540,10 @@ async fn prepare_fleet(ctx: &mut CaseCtx<'_, '_>, fault: FaultKind) -> Result<()
     let solo = prefetch
         || matches!(
             fault,
-            FaultKind::Drain | FaultKind::Cutover | FaultKind::CacheInvalidationLag
+            FaultKind::Drain
+                | FaultKind::Cutover
+                | FaultKind::CacheInvalidationLag
+                | FaultKind::BackendSwitch
         );
     // Every case begins on the first version: the active key says so.
     if let Some((first, _)) = ctx.system.versions.first() {
@@ -977,6 +980,10 @@ impl Plane for CaseCtx<'_, '_> {
 
     async fn drain(&mut self, worker: usize) -> Result<Option<String>> {
         super::rollout::drain(self, worker).await
+    }
+
+    async fn switch_backend(&mut self, worker: usize) -> Result<Option<String>> {
+        super::rollout::switch_backend(self, worker).await
     }
 
     async fn roll_out(&mut self, worker: usize, late: bool) -> Result<Option<String>> {

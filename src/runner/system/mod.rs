@@ -291,10 +291,14 @@ pub async fn run_system(
         settings.faults.clone()
     };
     if let Some(bad) = faults.iter().find(|f| !kinds.contains(f)) {
-        let why = if *bad == FaultKind::CacheInvalidationLag {
-            " (it runs the team's invalidation step late: [rollout] has none)".to_owned()
-        } else {
-            String::new()
+        let why = match bad {
+            FaultKind::CacheInvalidationLag => {
+                " (it runs the team's invalidation step late: [rollout] has none)"
+            }
+            FaultKind::BackendSwitch => {
+                " (it switches a model URL the workers share: [rollout] backend_switch is not set)"
+            }
+            _ => "",
         };
         return Err(Error::Config(format!(
             "fault {bad} does not apply to system {:?}{why} (its faults: {})",

@@ -9,7 +9,7 @@ use super::case::CaseCtx;
 use super::fleet::with_path;
 use super::now_ms;
 use crate::Result;
-use crate::env::backends::release_all;
+use crate::env::backends::{Behaviour, release_all};
 use crate::history::Observation;
 use crate::system::fill_shell;
 use crate::system::rollout::{Invalidate, InvalidateAt};
@@ -356,5 +356,69 @@ pub(super) async fn roll_out(
         } else {
             ""
         }
+    )))
+}
+
+/// `backend-switch`: the workers share one model URL, and the rollout switches the backend
+/// behind it (a load balancer's target, a DNS name) while `worker`, of the old version, is in
+/// the request's model call. That call was taken by the old backend and is answered by it; from
+/// the switch on, the URL reaches the next version. The worker is not replaced: a request
+/// submitted once its call ended goes to it, and it may still record the version it was started
+/// with.
+pub(super) async fn switch_backend(
+    ctx: &mut CaseCtx<'_, '_>,
+    worker: usize,
+) -> Result<Option<String>> {
+    let new = ctx.aim.other;
+    let from = ctx.fleet.workers[worker].version.clone();
+    let to = ctx.fleet.workers[new].version.clone();
+    let Some(position) = ctx.system.versions.iter().position(|(v, _)| *v == from) else {
+        return Ok(None);
+    };
+    if new == worker || from == to || position >= ctx.backends.len() {
+        return Ok(None);
+    }
+    let window = ctx.system.rollout.served_by_new_version.unwrap_or_default();
+    // The switch: what the old URL reaches answers as the next version, for this case's calls
+    // from now on (the call in flight was computed by the old one when it arrived).
+    let serve = ctx.backends[position]
+        .program(
+            &ctx.prefix,
+            Behaviour::Serve {
+                version: to.clone(),
+            },
+        )
+        .await?;
+    ctx.set_active(&to).await?;
+    ctx.observations.push((
+        now_ms(),
+        Observation::Switched {
+            from: from.clone(),
+            to: to.clone(),
+            window_ms: window.as_millis() as u64,
+        },
+    ));
+    let id = ctx.fleet.workers[worker].id.clone();
+    ctx.note(
+        &format!("model {from}"),
+        &id,
+        format!("backend switch: its URL now reaches {to}; the call in flight stays {from}'s"),
+        "fault",
+    );
+    // Once the call in flight ended, the running worker gets a request of the new version's.
+    let call_ends = ctx.aim.call_started.unwrap_or_else(Instant::now) + ctx.aim.slow;
+    tokio::time::sleep_until((call_ends + Duration::from_millis(500)).into()).await;
+    let after = format!("{}-after", ctx.prefix);
+    let input = format!("{} after the switch", ctx.prefix);
+    ctx.judged_too.push((after.clone(), input.clone()));
+    ctx.submit(&after, &input).await?;
+    // The switch holds until that request is answered (or cannot be).
+    let bound = Instant::now() + ctx.system.model_timeout + Duration::from_secs(10);
+    while Instant::now() < bound && !ctx.final_written(&after).await? {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    serve.release().await;
+    Ok(Some(format!(
+        "the model URL of {id} switched from {from} to {to} mid-call, then {after} submitted to it"
     )))
 }
