@@ -414,6 +414,76 @@ ttl_s = 600
     }
 
     #[test]
+    fn every_table_docs_systems_md_shows_reads_as_written() {
+        // The guide's TOML blocks: a whole file (it has `name`) as it stands, a table of one
+        // appended to a minimal file. Tables of another framework's preset are read on a file of
+        // that framework.
+        let guide = include_str!("../../docs/systems.md");
+        let blocks: Vec<&str> = guide
+            .split("```toml\n")
+            .skip(1)
+            .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
+            .collect();
+        assert!(
+            blocks.len() >= 10,
+            "the guide's TOML blocks: {}",
+            blocks.len()
+        );
+        for block in blocks {
+            let whole = block.contains("[start]") && block.contains("name = ");
+            if !whole && !block.starts_with('[') {
+                // Top-level keys alone: TOML as written.
+                if let Err(err) = block.parse::<toml::Table>() {
+                    panic!("docs/systems.md block is not TOML: {err}\n{block}");
+                }
+                continue;
+            }
+            let text = if whole {
+                block.to_owned()
+            } else {
+                // The framework the block is of: its preset's table, or a preset's `task`.
+                let (framework, preset) = if block.contains("[apalis]")
+                    || block.contains("apalis") && block.contains("task =")
+                {
+                    (
+                        "apalis",
+                        "[apalis]\nqueue = \"q\"\nheartbeat_s = 2\nmissed_heartbeats = 3\n",
+                    )
+                } else if block.contains("[celery]") || block.contains("task =") {
+                    ("celery", "[celery]\nvisibility_timeout_s = 5\n")
+                } else {
+                    ("custom", "")
+                };
+                let mut text = BASE.replace(
+                    "framework = \"custom\"",
+                    &format!("framework = \"{framework}\""),
+                );
+                if framework != "custom" {
+                    text =
+                        text.replace("command = \"submit {request_id} {input}\"", "task = \"t\"");
+                    if !block.contains(&preset[..8]) {
+                        text.push_str(preset);
+                    }
+                }
+                // A table the minimal file has already is the block's.
+                for table in ["[start]", "[versions]", "[submit]", "[results]", "[model]"] {
+                    if block.contains(table) {
+                        let at = text.find(table).unwrap();
+                        let end = text[at + 1..]
+                            .find("\n[")
+                            .map_or(text.len(), |e| at + 1 + e + 1);
+                        text.replace_range(at..end, "");
+                    }
+                }
+                text + block
+            };
+            if let Err(err) = System::parse(&text, Path::new("guide.toml")) {
+                panic!("docs/systems.md block does not read: {err}\n{block}");
+            }
+        }
+    }
+
+    #[test]
     fn a_bad_rollout_is_refused_at_its_own_line() {
         let line = |extra: &str| {
             BASE.lines().count() + extra.lines().position(|l| l.contains('=')).unwrap() + 1
