@@ -7,6 +7,7 @@ use racecert::env::TestBed;
 use racecert::fault::FaultKind;
 use racecert::runner::system::{SystemOutcome, SystemSettings, run_system};
 use racecert::system::System;
+use racecert::system::rollout::Invalidate;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -345,6 +346,28 @@ async fn celery_a_late_invalidation_is_caught_and_the_versioned_cache_passes_eve
                 .iter()
                 .any(|v| v.invariant.name() == "no-stale-cache-read"),
         "invalidated late, the new version is served the old entry:\n{text}"
+    );
+
+    // The same step as a command of the team's, on time: the cutover passes, the command's own
+    // deletes seen on the wire. A command that fails is the file's error, at its line.
+    let mut commanded = invalidating.clone();
+    commanded.rollout.invalidate = Some(Invalidate::Command(
+        "{venv}/bin/python flush_cache.py {redis_url} 'cache:*'".into(),
+    ));
+    let outcome = run_system(bed, &commanded, &settings(&[FaultKind::Cutover])).await?;
+    let text = summary(&outcome);
+    anyhow::ensure!(
+        outcome.passed() && outcome.cases[0].landed && outcome.cases[0].model_calls == 2,
+        "invalidated by the team's command once the old workers were gone:\n{text}"
+    );
+    commanded.rollout.invalidate = Some(Invalidate::Command("false".into()));
+    let err = run_system(bed, &commanded, &settings(&[FaultKind::Cutover]))
+        .await
+        .expect_err("a failing invalidation command is an error");
+    anyhow::ensure!(
+        err.to_string()
+            .contains("invalidation command `false` failed"),
+        "{err}"
     );
 
     let cached = System::load(&example("celery-worker/cached.toml"))?;
