@@ -5,7 +5,9 @@
 //!
 //! The framework presets ([`preset`]) know what their framework really does: the message Celery's
 //! Redis transport writes and the keys of its unacked index; the row apalis' Postgres storage
-//! reads. The runner that drives a system's processes with faults is `schedule::system`.
+//! reads. [`rollout`] reads how the team rolls a version out (`[rollout]`) and where its cache
+//! lives (`[cache]`). The runner that drives a system's processes with faults is
+//! `runner::system`.
 
 pub mod preset;
 pub mod rollout;

@@ -17,7 +17,15 @@
 //! - apalis: missed heartbeats (SIGSTOP of the worker mid-call past `heartbeat_s x
 //!   missed_heartbeats`, SIGCONT once another worker finished the requeued job); SIGKILL and a
 //!   restart under the same worker name.
-//! - every framework: SIGKILL of the worker mid-call and a restart.
+//! - every framework: SIGKILL of the worker mid-call and a restart; a model answer past the
+//!   worker's own timeout; the request submitted again; the worker's database link cut mid-job;
+//!   and the rollout as the file's `[rollout]` says (`rollout`): a drain, a cutover with the
+//!   same input asked of the new version after it, the team's invalidation step run late, the
+//!   backend behind a shared model URL switched under a running worker.
+//!
+//! Modules: `case` (one case: fleet shape, submission, the fault as a [`crate::fault::Plane`]),
+//! `rollout` (the rollout faults), `fleet` (worker processes and their links), `judge` (the
+//! case's history, verdict and sequence diagram).
 
 mod case;
 mod fleet;
