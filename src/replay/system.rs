@@ -28,8 +28,9 @@ const DUPLICATE: &[&str] = &["at-most-one-final-write"];
 const SKEW: &[&str] = &["at-most-one-final-write", "result-names-its-version"];
 /// A job that never finishes.
 const LOST: &[&str] = &["no-lost-job"];
-/// A worker that took a job after its stop signal (on the wire), or lost it to its SIGKILL.
-const DRAIN: &[&str] = &["drain-discipline", "no-lost-job"];
+/// A worker that took a job after its stop signal (on the wire), lost it to its SIGKILL, or
+/// answered it on the old version.
+const DRAIN: &[&str] = &["drain-discipline", "no-lost-job", "served-by-new-version"];
 /// An output of the old version served after the switch, from the cache (on the wire) or as the
 /// stored result.
 const CACHE: &[&str] = &[

@@ -234,6 +234,23 @@ impl CaseCtx<'_, '_> {
 /// surge does.
 pub(super) async fn drain(ctx: &mut CaseCtx<'_, '_>, worker: usize) -> Result<Option<String>> {
     let grace = ctx.grace();
+    // The rollout begins with the stop signal: from here requests belong to the next version.
+    let other = ctx.aim.other;
+    let (from, to) = (
+        ctx.fleet.workers[worker].version.clone(),
+        ctx.fleet.workers[other].version.clone(),
+    );
+    if from != to {
+        let window = ctx.system.rollout.served_by_new_version.unwrap_or_default();
+        ctx.observations.push((
+            now_ms(),
+            Observation::Switched {
+                from,
+                to,
+                window_ms: window.as_millis() as u64,
+            },
+        ));
+    }
     let Some(signalled) = ctx.signal_stop(worker, "drain") else {
         return Ok(None);
     };
@@ -244,7 +261,6 @@ pub(super) async fn drain(ctx: &mut CaseCtx<'_, '_>, worker: usize) -> Result<Op
     ctx.submit(&next_id, &next_input).await?;
     let killed = ctx.end_grace(worker, signalled, grace).await;
     release_all(std::mem::take(&mut ctx.aim.slow_guards)).await;
-    let other = ctx.aim.other;
     if other != worker {
         ctx.start_replacement(other).await?;
     }
