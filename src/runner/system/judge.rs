@@ -9,7 +9,7 @@ use crate::contract::JobRow;
 use crate::fault::FaultKind;
 use crate::history::{AuditRow, Event, EventKind, History, Observation, SubmittedRequest};
 use crate::system::System;
-use crate::wire::{Request, RoundTrip, WireEvent};
+use crate::wire::{Reply, Request, RoundTrip, WireEvent};
 use sqlx::Row;
 
 /// What can be judged of a system as its file describes it: the audit trail always says how
@@ -380,9 +380,6 @@ pub(super) async fn judge(
 /// its timeout, or its death). A call after the first is a second attempt, made by what the
 /// case's fault does: a delivery again, a submission again, or the app's retry.
 fn model_call_arrows(ctx: &CaseCtx<'_, '_>, input: &str, fault: FaultKind) -> Vec<Arrow> {
-    // The input as a JSON string body carries it (escaped, without its quotes).
-    let quoted = serde_json::to_string(input).unwrap_or_default();
-    let needle = quoted.trim_matches('"');
     let version_of = |worker: &str| {
         ctx.fleet
             .workers
@@ -390,49 +387,103 @@ fn model_call_arrows(ctx: &CaseCtx<'_, '_>, input: &str, fault: FaultKind) -> Ve
             .find(|w| w.id == worker)
             .map(|w| w.version.clone())
     };
-    let mut calls: Vec<(i64, String, String, bool)> = case_trips(ctx)
-        .into_iter()
-        .filter_map(|(_, event)| match &event.trip.request {
-            Request::Http(http) if http.body.contains(needle) => Some((
-                sent_unix_ms(ctx, &event.trip),
-                event.worker.clone(),
-                version_of(&event.worker)?,
-                event.trip.reply.is_some(),
-            )),
-            _ => None,
-        })
-        .collect();
-    calls.sort_by_key(|(at, _, _, _)| *at);
+    // The version an answer came from, when it is not the caller's own (a backend switched
+    // under it): the output in the answer names it.
+    let answered_by = |trip: &RoundTrip, own: &str| -> Option<String> {
+        let Some(Reply::Http(answer)) = &trip.reply else {
+            return None;
+        };
+        ctx.system
+            .versions
+            .iter()
+            .map(|(v, _)| v)
+            .find(|v| *v != own && answer.body.contains(&format!("{v}:")))
+            .cloned()
+    };
+    // The calls carrying `input` (a JSON string body carries it escaped, without its quotes).
+    let calls_of = |input: &str| -> Vec<(i64, String, String, bool, Option<String>)> {
+        let quoted = serde_json::to_string(input).unwrap_or_default();
+        let needle = quoted.trim_matches('"').to_owned();
+        let mut calls: Vec<_> = case_trips(ctx)
+            .into_iter()
+            .filter_map(|(_, event)| match &event.trip.request {
+                Request::Http(http) if http.body.contains(&needle) => {
+                    let version = version_of(&event.worker)?;
+                    let other = answered_by(&event.trip, &version);
+                    Some((
+                        sent_unix_ms(ctx, &event.trip),
+                        event.worker.clone(),
+                        version,
+                        event.trip.reply.is_some(),
+                        other,
+                    ))
+                }
+                _ => None,
+            })
+            .collect();
+        calls.sort_by_key(|(at, ..)| *at);
+        calls
+    };
     let again = match fault {
         FaultKind::ApiResubmission => "the request submitted again",
         FaultKind::UpstreamTimeout => "after attempt 1 timed out",
         FaultKind::Partition => "after attempt 1 failed in the partition",
+        FaultKind::Cutover | FaultKind::CacheInvalidationLag => {
+            "the same input, a request accepted after the switch"
+        }
         _ => "its message delivered again",
     };
-    calls
+    let arrow = |at: i64,
+                 worker: String,
+                 version: String,
+                 label: String,
+                 answered: bool,
+                 other: Option<String>| Arrow {
+        at_ms: at - ctx.t0,
+        from: worker,
+        to: format!("model {version}"),
+        label: format!(
+            "{label}{}{}",
+            other
+                .map(|v| format!(", answered by {v}"))
+                .unwrap_or_default(),
+            if answered {
+                ""
+            } else {
+                ", never answered: the worker hung up (its timeout) or died first"
+            }
+        ),
+        kind: "message".into(),
+    };
+    let mut arrows: Vec<Arrow> = calls_of(input)
         .into_iter()
         .enumerate()
-        .map(|(i, (at, worker, version, answered))| Arrow {
-            at_ms: at - ctx.t0,
-            from: worker,
-            to: format!("model {version}"),
-            label: format!(
-                "model call (attempt {}{}){}",
-                i + 1,
-                if i == 0 {
-                    String::new()
-                } else {
-                    format!(": {again}")
-                },
-                if answered {
-                    ""
-                } else {
-                    ", never answered: the worker hung up (its timeout) or died first"
-                }
-            ),
-            kind: "message".into(),
+        .map(|(i, (at, worker, version, answered, other))| {
+            let label = if i == 0 {
+                "model call (attempt 1)".to_owned()
+            } else {
+                format!("model call (attempt {}: {again})", i + 1)
+            };
+            arrow(at, worker, version, label, answered, other)
         })
-        .collect()
+        .collect();
+    // The requests the fault submitted with inputs of their own (a drain's next job, a
+    // backend switch's request after it).
+    for (id, other_input) in &ctx.judged_too {
+        if other_input != input {
+            for (at, worker, version, answered, other) in calls_of(other_input) {
+                arrows.push(arrow(
+                    at,
+                    worker,
+                    version,
+                    format!("model call for {id}"),
+                    answered,
+                    other,
+                ));
+            }
+        }
+    }
+    arrows
 }
 
 /// When a round trip was sent, Unix ms (the wire's clock placed on the bed's origin).
