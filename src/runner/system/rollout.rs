@@ -234,6 +234,9 @@ impl CaseCtx<'_, '_> {
 /// surge does.
 pub(super) async fn drain(ctx: &mut CaseCtx<'_, '_>, worker: usize) -> Result<Option<String>> {
     let grace = ctx.grace();
+    let Some(signalled) = ctx.signal_stop(worker, "drain") else {
+        return Ok(None);
+    };
     // The rollout begins with the stop signal: from here requests belong to the next version.
     let other = ctx.aim.other;
     let (from, to) = (
@@ -251,9 +254,6 @@ pub(super) async fn drain(ctx: &mut CaseCtx<'_, '_>, worker: usize) -> Result<Op
             },
         ));
     }
-    let Some(signalled) = ctx.signal_stop(worker, "drain") else {
-        return Ok(None);
-    };
     let next_id = format!("{}-next", ctx.prefix);
     let next_input = format!("{} next job", ctx.prefix);
     ctx.judged_too.push((next_id.clone(), next_input.clone()));
