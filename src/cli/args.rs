@@ -67,7 +67,7 @@ pub struct CertifyArgs {
     pub cases: Option<u32>,
     /// Total time budget in seconds, spent across the suites (default 60; a suite file's
     /// `time_budget_s` takes its own share). With --system: seconds of cases (start-up not
-    /// counted; default 120).
+    /// counted; default 15 s per fault kind in scope, at least 120).
     #[arg(long, value_name = "SECONDS", value_parser = budget_arg)]
     pub budget: Option<std::time::Duration>,
     /// Seed (overrides the suite files).

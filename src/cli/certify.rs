@@ -21,6 +21,7 @@ pub async fn run(args: CertifyArgs, color: bool) -> Result<ExitCode> {
         let mut settings = SystemSettings::certify(args.seed.unwrap_or(1));
         if let Some(budget) = args.budget {
             settings.budget = budget;
+            settings.budget_per_kind = None;
         }
         settings.faults = args.faults;
         settings.stop_at_first_failure = !args.keep_going;
@@ -256,7 +257,7 @@ pub async fn system(file: &Path, settings: SystemSettings, out: &Path) -> Result
         system.name,
         system.framework.name(),
         settings.only_case.map_or(settings.cases, |_| 1),
-        settings.budget
+        settings.budget_for(settings.kinds_in_scope(&system))
     );
     let bed = TestBedBuilder::from_env()?.start().await?;
     let outcome = run_system(&bed, &system, &settings).await;

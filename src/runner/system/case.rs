@@ -55,6 +55,11 @@ impl Holder for Blackhole {
     }
 }
 
+/// How long an idle worker stopped between cases (to reshape the fleet) has to exit after its
+/// SIGTERM before SIGKILL: nothing is in flight, and a worker that ignores its stop signal (the
+/// drain bug) would otherwise cost every reshaping case this wait.
+const HOUSEKEEPING_STOP: Duration = Duration::from_secs(3);
+
 /// How long a submit command may run.
 const SUBMIT_BOUND: Duration = Duration::from_secs(60);
 
@@ -569,7 +574,7 @@ async fn prepare_fleet(ctx: &mut CaseCtx<'_, '_>, fault: FaultKind) -> Result<()
         let changed = ctx.fleet.workers[index].extra_env != want_env;
         let id = ctx.fleet.workers[index].id.clone();
         if running && (changed || !want_running) {
-            ctx.fleet.stop(index, Duration::from_secs(10)).await;
+            ctx.fleet.stop(index, HOUSEKEEPING_STOP).await;
             if !want_running {
                 // A worker killed in a blocking pop (Celery's `BRPOP ... 1`) leaves that pop at
                 // Redis until its connection's end gets there through the proxy; a message pushed
@@ -865,7 +870,7 @@ impl Plane for CaseCtx<'_, '_> {
         self.note(&id, &id, "SIGTERM (warm shutdown) mid-task", "fault");
         let exited = Instant::now();
         while !self.fleet.exited(worker)
-            && exited.elapsed() < self.aim.slow + Duration::from_secs(10)
+            && exited.elapsed() < self.aim.slow + Duration::from_secs(5)
         {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

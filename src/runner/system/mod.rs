@@ -64,6 +64,10 @@ use tokio::process::Command;
 /// The lane and the writer name of a `[submit] command`'s writes.
 pub const SUBMITTER: &str = "submitter";
 
+/// The default budget per fault kind in scope: a system case lasts 5-20 s (a model call held
+/// past the worker's own timeout, the longest, about 18 s in the examples), 10-12 s on average.
+const BUDGET_PER_KIND: Duration = Duration::from_secs(15);
+
 /// Settings of a system run.
 #[derive(Debug, Clone)]
 pub struct SystemSettings {
@@ -73,6 +77,10 @@ pub struct SystemSettings {
     pub seed: u64,
     /// Wall-clock budget for the cases (start-up and setup not counted).
     pub budget: Duration,
+    /// With it, the budget is at least this much per fault kind in scope: a system whose file
+    /// puts more kinds in scope (a rollout's invalidation step, a shared model URL) gets the time
+    /// to land each of them. None: `budget` as it is (a budget the user gave).
+    pub budget_per_kind: Option<Duration>,
     /// Faults run in turn, case 1 the first (empty: drawn from the framework's own by the seed).
     pub faults: Vec<FaultKind>,
     /// Only this case number (a replay); `None`: cases 1, 2, ...
@@ -117,6 +125,25 @@ fn still_needed(goals: &[Goal], fault: FaultKind, cases: &[SystemCase]) -> bool 
 }
 
 impl SystemSettings {
+    /// The budget of a run with `kinds` fault kinds in scope.
+    pub fn budget_for(&self, kinds: usize) -> Duration {
+        match self.budget_per_kind {
+            Some(per_kind) => self.budget.max(per_kind * kinds as u32),
+            None => self.budget,
+        }
+    }
+
+    /// The fault kinds a run of `system` with these settings has in scope: the faults asked
+    /// for, or every kind of the system's.
+    pub fn kinds_in_scope(&self, system: &System) -> usize {
+        let kinds = if self.faults.is_empty() {
+            crate::system::preset::system_faults(system)
+        } else {
+            self.faults.clone()
+        };
+        scope_kinds(&kinds).len()
+    }
+
     /// Up to 20 cases in 120 seconds, stopping at the first failure: time for one case of each
     /// kind of the Celery preset, the largest (about 95 s on 2 cores, one upstream timeout of
     /// the examples' 15 s among them), and a few more.
@@ -125,6 +152,7 @@ impl SystemSettings {
             cases: 20,
             seed,
             budget: Duration::from_secs(120),
+            budget_per_kind: Some(BUDGET_PER_KIND),
             faults: Vec::new(),
             only_case: None,
             stop_at_first_failure: true,
@@ -488,13 +516,14 @@ async fn run_with_backends(
         // The framework's kinds in an order of the seed's: the budget goes to each of them first.
         let mut rotation = scope_kinds(faults);
         rotation.shuffle(&mut StdRng::seed_from_u64(settings.seed));
+        let budget = settings.budget_for(rotation.len());
         let numbers: Vec<u32> = match settings.only_case {
             Some(n) => vec![n],
             None => (1..=settings.cases).collect(),
         };
         for number in numbers {
             if crate::interrupt::requested().is_some()
-                || (settings.only_case.is_none() && began.elapsed() >= settings.budget)
+                || (settings.only_case.is_none() && began.elapsed() >= budget)
             {
                 break;
             }
