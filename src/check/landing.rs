@@ -530,5 +530,58 @@ mod tests {
         idle.events
             .push(wire(800, "worker-b", trip(sync, None, 700, 0)));
         assert!(!framework(&idle, FaultKind::Partition, "worker-b", 500));
+
+        // A cutover at 500: worker-a held the request, worker-b (the new version) acted on it
+        // after; switched before worker-a's call was sent, nothing was in flight.
+        assert!(framework(&history, FaultKind::Cutover, "worker-a", 500));
+        assert!(!framework(&history, FaultKind::Cutover, "worker-a", 50));
+        // A backend switch at 500 lands once worker-a called the model again and was answered.
+        assert!(!framework(
+            &history,
+            FaultKind::BackendSwitch,
+            "worker-a",
+            500
+        ));
+        let mut called = history.clone();
+        called.events.push(wire(
+            1300,
+            "worker-a",
+            trip(
+                call("{\"input\": \"hello 77 after\"}"),
+                answer(),
+                1200,
+                1300,
+            ),
+        ));
+        assert!(framework(
+            &called,
+            FaultKind::BackendSwitch,
+            "worker-a",
+            500
+        ));
+        // A late invalidation lands when the new version acted before it ran.
+        let invalidated = |at: u64| Event {
+            step: 0,
+            at_ms: at,
+            kind: EventKind::Harness(Observation::Invalidated {
+                detail: "cache:* deleted".into(),
+            }),
+        };
+        let mut late = history.clone();
+        late.events.push(invalidated(1200));
+        assert!(framework(
+            &late,
+            FaultKind::CacheInvalidationLag,
+            "worker-a",
+            500
+        ));
+        let mut early = history.clone();
+        early.events.push(invalidated(700));
+        assert!(!framework(
+            &early,
+            FaultKind::CacheInvalidationLag,
+            "worker-a",
+            500
+        ));
     }
 }

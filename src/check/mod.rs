@@ -874,4 +874,64 @@ mod tests {
         }
         assert!("nope".parse::<Invariant>().is_err());
     }
+
+    #[test]
+    fn a_request_accepted_after_the_switch_and_answered_by_the_old_version_breaks_served_by_new_version()
+     {
+        let at = |ms: u64, kind: EventKind| crate::history::Event {
+            step: 0,
+            at_ms: ms,
+            kind,
+        };
+        let submitted = |key: &str| {
+            EventKind::Harness(Observation::Submitted {
+                key: key.to_owned(),
+            })
+        };
+        let row = |key: &str, output: &str| crate::contract::JobRow {
+            idempotency_key: key.into(),
+            request_id: key.into(),
+            status: "SUCCEEDED".into(),
+            generation: 0,
+            model_version: None,
+            output: Some(output.into()),
+            lease_token: None,
+            worker_id: None,
+        };
+        let switched = EventKind::Harness(Observation::Switched {
+            from: "v1".into(),
+            to: "v2".into(),
+            window_ms: 500,
+        });
+        let history = History {
+            events: vec![
+                at(0, submitted("before")),
+                at(100, switched),
+                // Inside the mixed window: either version may answer.
+                at(400, submitted("window")),
+                at(700, submitted("after-old")),
+                at(800, submitted("after-new")),
+            ],
+            jobs: vec![
+                row("before", "v1:0123456789abcdef"),
+                row("window", "v1:0123456789abcdef"),
+                row("after-old", "v1:0123456789abcdef"),
+                row("after-new", "v2:0123456789abcdef"),
+            ],
+            ..History::default()
+        };
+        let found = served_by_new_version(&history);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].observed.starts_with(
+                "request after-old, accepted 600 ms after the switch to v2, was answered by v1"
+            ),
+            "{}",
+            found[0].observed
+        );
+        // No switch: nothing to judge.
+        let mut quiet = history.clone();
+        quiet.events.remove(1);
+        assert!(served_by_new_version(&quiet).is_empty());
+    }
 }
