@@ -1,8 +1,9 @@
 //! The rollout faults of a system case, as the system file's `[rollout]` says the team does it:
-//! `drain` (the worker holding a job replaced while the next job arrives) and `cutover` /
+//! `drain` (the worker holding a job replaced while the next job arrives), `cutover` /
 //! `cache-invalidation-lag` (the switch to the next version while the old one holds a request,
 //! the old worker replaced, then the same input asked of the new version, with the team's
-//! invalidation step where it runs or late). Each records what the invariants judge: the
+//! invalidation step where it runs or late) and `backend-switch` (what a shared model URL
+//! reaches switched under a running worker). Each records what the invariants judge: the
 //! switch, every stop signal, the invalidation.
 
 use super::case::CaseCtx;
