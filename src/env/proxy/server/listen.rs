@@ -43,7 +43,9 @@ static OWNED: std::sync::Mutex<std::collections::BTreeSet<u16>> =
 /// Where racecert processes on this machine claim ports from each other: a file per port, held
 /// locked while a proxy owns the port. A `cargo test` runs racecert's CLI beside its own test
 /// beds, and one process's probe took the port another's proxy had released for a moment to
-/// take a tap. The kernel drops the lock with its process, so a killed one leaves no claim.
+/// take a tap. The kernel drops the lock with its process, so a killed one leaves no claim. The
+/// files stay (empty, one per port of the range at most): removing one while another process
+/// waits on it would let two processes lock two files of one port.
 fn claims_dir() -> std::path::PathBuf {
     std::env::temp_dir().join("racecert-ports")
 }
