@@ -251,6 +251,8 @@ async fn external(
 /// `certify --system` and `replay --system --case`: a test bed, the system run, its reports.
 pub async fn system(file: &Path, settings: SystemSettings, out: &Path) -> Result<ExitCode> {
     let system = System::load(file)?;
+    // A fault the system does not have is said before the test bed comes up.
+    settings.faults_of(&system)?;
     println!(
         "racecert certify --system {}: {} ({}), up to {} case(s) in {:?}; bringing the test bed up",
         file.display(),

@@ -516,6 +516,25 @@ async fn celery_lock_takeover_is_caught_on_the_wire_by_its_lock_keys(
 }
 
 async fn system_files_that_cannot_work_fail_naming_the_place(bed: &TestBed) -> anyhow::Result<()> {
+    // A fault the file puts out of scope is refused before a test bed comes up.
+    let out = racecert_cli(&[
+        "certify",
+        "--system",
+        "examples/celery-worker/fenced.toml",
+        "--fault",
+        "backend-switch",
+    ])?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    anyhow::ensure!(
+        out.status.code() == Some(2)
+            && stderr.contains("backend_switch is not set")
+            && !stdout.contains("bringing the test bed up"),
+        "exit {:?}\n{stdout}\n{stderr}",
+        out.status.code()
+    );
     let path = example("celery-worker/naive.toml");
     let text = std::fs::read_to_string(&path)?;
     let mut quick = settings(&[FaultKind::ForcedRestore]);
