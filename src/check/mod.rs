@@ -66,6 +66,25 @@ impl Invariant {
         Invariant::ServedByNewVersion,
     ];
 
+    /// Whether it needs a team's system's rollout to judge anything: a stop signal or a
+    /// version switch that the system runner records. racecert's own runners make neither, so
+    /// they do not claim it held.
+    pub fn needs_rollout(self) -> bool {
+        matches!(
+            self,
+            Invariant::DrainDiscipline | Invariant::ServedByNewVersion
+        )
+    }
+
+    /// The invariants racecert's own runners judge (in process, fleets, wire schedules): every
+    /// one but those that need a team's rollout.
+    pub fn own() -> Vec<Invariant> {
+        Invariant::ALL
+            .into_iter()
+            .filter(|i| !i.needs_rollout())
+            .collect()
+    }
+
     /// Whether it is judged from recorded round trips only (nothing to judge without them).
     pub fn needs_wire(self) -> bool {
         matches!(

@@ -785,7 +785,7 @@ impl Report {
                 .iter()
                 .flat_map(|c| c.violations.iter())
                 .collect();
-            for invariant in crate::check::Invariant::ALL {
+            for invariant in crate::check::Invariant::own() {
                 let failures: Vec<&&ViolationReport> = broken
                     .iter()
                     .filter(|v| v.invariant == invariant.name())

@@ -75,7 +75,7 @@ impl ChaosSettings {
                 worker("worker-d", "v2"),
             ],
             defects: Defects::none(),
-            invariants: Invariant::ALL.to_vec(),
+            invariants: Invariant::own(),
             factory: Arc::new(crate::reference::ReferenceFactory),
             duration: Duration::from_secs(3),
             requests: 24,

@@ -111,7 +111,7 @@ impl CaseSettings {
                 },
             ],
             defects: Defects::none(),
-            invariants: Invariant::ALL.to_vec(),
+            invariants: Invariant::own(),
             backend_timeout: Duration::from_millis(250),
             factory: Arc::new(ReferenceFactory),
             wire: true,

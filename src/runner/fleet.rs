@@ -94,7 +94,7 @@ impl FleetSettings {
                 worker("worker-d", "v2"),
             ],
             defects: Defects::none(),
-            invariants: Invariant::ALL.to_vec(),
+            invariants: Invariant::own(),
             duration: Duration::from_secs(8),
             budget: Duration::from_secs(45),
             requests: 40,

@@ -412,15 +412,23 @@ pub fn parse(text: &str, origin: &str) -> Result<LoadedSuite> {
         )));
     }
     let invariants = match &file.invariants {
-        None => Invariant::ALL.to_vec(),
+        None => Invariant::own(),
         Some(list) => {
             let mut out = Vec::new();
             for name in list.get_ref() {
-                out.push(
-                    name.get_ref()
-                        .parse::<Invariant>()
-                        .map_err(|err| at(name.span(), err.to_string()))?,
-                );
+                let invariant = name
+                    .get_ref()
+                    .parse::<Invariant>()
+                    .map_err(|err| at(name.span(), err.to_string()))?;
+                if invariant.needs_rollout() {
+                    return Err(at(
+                        name.span(),
+                        format!(
+                            "{invariant} is judged on a team's own rollout (`certify --system` with a [rollout]); the reference worker's suites make none"
+                        ),
+                    ));
+                }
+                out.push(invariant);
             }
             if out.is_empty() {
                 return Err(at(
@@ -509,6 +517,36 @@ kinds = ["lease-expiry", "retry-overlap"]
 
     fn error_of(text: &str) -> String {
         parse(text, "s.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_suite_claims_no_invariant_its_runner_cannot_see() {
+        // By default: every invariant but those a team's rollout is needed for.
+        let loaded = parse(GOOD, "good.toml").unwrap();
+        assert!(
+            !loaded
+                .suite
+                .settings
+                .invariants
+                .contains(&Invariant::DrainDiscipline)
+        );
+        assert!(
+            !loaded
+                .suite
+                .settings
+                .invariants
+                .contains(&Invariant::ServedByNewVersion)
+        );
+        // Named: refused at its place.
+        let err = error_of(&GOOD.replace(
+            "cases = 64",
+            "cases = 64\ninvariants = [\"no-lost-job\", \"served-by-new-version\"]",
+        ));
+        assert!(
+            err.contains("s.toml:4:")
+                && err.contains("served-by-new-version is judged on a team's own rollout"),
+            "{err}"
+        );
     }
 
     #[test]

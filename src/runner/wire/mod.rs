@@ -140,7 +140,7 @@ impl WireSettings {
             command: command.to_owned(),
             workers: vec![worker("worker-a"), worker("worker-b")],
             defects: Defects::none(),
-            invariants: Invariant::ALL.to_vec(),
+            invariants: Invariant::own(),
             lease_ttl: Duration::from_secs(60),
             visibility_timeout: Duration::from_secs(60),
             backend_timeout: Duration::from_secs(3),
