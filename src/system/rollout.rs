@@ -155,6 +155,15 @@ fn field(name: &str) -> String {
     format!("rollout.{name}")
 }
 
+/// The file's error at `span`.
+fn at_place(
+    at: &impl Fn(Range<usize>) -> String,
+    span: Range<usize>,
+    message: String,
+) -> crate::Error {
+    crate::Error::Config(format!("{}: {message}", at(span)))
+}
+
 /// Reads `[rollout]`, noting each field's place; the errors that need only the field itself
 /// (a signal's name, a negative time, two invalidation steps) name that field's line.
 pub(super) fn rollout(
@@ -162,9 +171,7 @@ pub(super) fn rollout(
     note: &mut impl FnMut(&str, Range<usize>),
     at: &impl Fn(Range<usize>) -> String,
 ) -> crate::Result<Rollout> {
-    let fail = |span: Range<usize>, message: String| {
-        crate::Error::Config(format!("{}: {message}", at(span)))
-    };
+    let fail = |span, message| at_place(at, span, message);
     let mut rollout = Rollout::default();
     if let Some(key) = raw.active_key {
         note(&field("active_key"), key.span());
@@ -285,9 +292,7 @@ pub(super) fn cache(
     note: &mut impl FnMut(&str, Range<usize>),
     at: &impl Fn(Range<usize>) -> String,
 ) -> crate::Result<Cache> {
-    let fail = |span: Range<usize>, message: String| {
-        crate::Error::Config(format!("{}: {message}", at(span)))
-    };
+    let fail = |span, message| at_place(at, span, message);
     note("cache.key", raw.key.span());
     let ttl = match raw.ttl_s {
         Some(ttl) => Some(seconds(&ttl, "ttl_s", &fail)?),

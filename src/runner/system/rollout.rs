@@ -90,6 +90,24 @@ impl CaseCtx<'_, '_> {
         Ok(())
     }
 
+    /// Records the rollout's switch from `from` to `to`, now: requests accepted from here (and
+    /// the file's mixed window) belong to `to`.
+    fn record_switch(&mut self, from: &str, to: &str) {
+        let window = self
+            .system
+            .rollout
+            .served_by_new_version
+            .unwrap_or_default();
+        self.observations.push((
+            now_ms(),
+            Observation::Switched {
+                from: from.to_owned(),
+                to: to.to_owned(),
+                window_ms: window.as_millis() as u64,
+            },
+        ));
+    }
+
     /// Sets the active-version key (if the file has one) to `version`'s value.
     pub(super) async fn set_active(&mut self, version: &str) -> Result<()> {
         let rollout = &self.system.rollout;
@@ -245,15 +263,7 @@ pub(super) async fn drain(ctx: &mut CaseCtx<'_, '_>, worker: usize) -> Result<Op
         ctx.fleet.workers[other].version.clone(),
     );
     if from != to {
-        let window = ctx.system.rollout.served_by_new_version.unwrap_or_default();
-        ctx.observations.push((
-            now_ms(),
-            Observation::Switched {
-                from,
-                to,
-                window_ms: window.as_millis() as u64,
-            },
-        ));
+        ctx.record_switch(&from, &to);
     }
     let next_id = format!("{}-next", ctx.prefix);
     let next_input = format!("{} next job", ctx.prefix);
@@ -292,7 +302,6 @@ pub(super) async fn roll_out(
 ) -> Result<Option<String>> {
     let rollout = &ctx.system.rollout;
     let (surge, at) = (rollout.surge, rollout.invalidate_at);
-    let window = rollout.served_by_new_version.unwrap_or_default();
     let new = ctx.aim.other;
     let Some((_, input)) = ctx.aim.request.clone() else {
         return Ok(None);
@@ -304,14 +313,7 @@ pub(super) async fn roll_out(
     let to = ctx.fleet.workers[new].version.clone();
     // The switch, while the old version's call is in flight.
     ctx.set_active(&to).await?;
-    ctx.observations.push((
-        now_ms(),
-        Observation::Switched {
-            from: from.clone(),
-            to: to.clone(),
-            window_ms: window.as_millis() as u64,
-        },
-    ));
+    ctx.record_switch(&from, &to);
     ctx.note(
         "racecert",
         "racecert",
@@ -395,7 +397,6 @@ pub(super) async fn switch_backend(
     if new == worker || from == to || position >= ctx.backends.len() {
         return Ok(None);
     }
-    let window = ctx.system.rollout.served_by_new_version.unwrap_or_default();
     // The switch: what the old URL reaches answers as the next version, for this case's calls
     // from now on (the call in flight was computed by the old one when it arrived).
     let serve = ctx.backends[position]
@@ -407,14 +408,7 @@ pub(super) async fn switch_backend(
         )
         .await?;
     ctx.set_active(&to).await?;
-    ctx.observations.push((
-        now_ms(),
-        Observation::Switched {
-            from: from.clone(),
-            to: to.clone(),
-            window_ms: window.as_millis() as u64,
-        },
-    ));
+    ctx.record_switch(&from, &to);
     let id = ctx.fleet.workers[worker].id.clone();
     ctx.note(
         &format!("model {from}"),
