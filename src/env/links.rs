@@ -97,6 +97,19 @@ impl CaseLinks {
         }
     }
 
+    /// Whether the holder of these links holds a request of the Redis link now (a command sent
+    /// after it on the same connection waits behind it).
+    pub fn holds_redis(&self) -> bool {
+        self.route.as_ref().is_some_and(|route| {
+            route
+                .holder
+                .read()
+                .expect("poisoned")
+                .as_ref()
+                .is_some_and(|holder| holder.holding(self.redis.name()))
+        })
+    }
+
     /// The proxy (link) names of these links with their services (`redis`, `postgres`,
     /// `backend:{version}`), as round trips and holders name them.
     pub fn services(&self) -> Vec<(String, String)> {

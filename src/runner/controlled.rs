@@ -27,7 +27,7 @@ use crate::runner::link_gate::Gate as LinkGate;
 use crate::runner::plane::{BackendFaults, CasePlane, RestartScope, Services, WorkerLink, Workers};
 use crate::schedule::file::{RunnerSpec, ScheduleFile};
 use crate::schedule::search::{Case, Outcome, Runner};
-use crate::schedule::{Schedule, Step, WorkerSpec};
+use crate::schedule::{Schedule, ScheduleSpace, Step, WorkerSpec};
 use crate::{Error, Result};
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -230,6 +230,18 @@ impl<'a> Controller<'a> {
     /// The settings.
     pub fn settings(&self) -> &CaseSettings {
         &self.settings
+    }
+
+    /// `space` as this controller can run it: no steps between statements unless its workers'
+    /// links are recorded by racecert's own proxy (a bed on a proxy in a container or an
+    /// external one cannot hold a round trip), so a search never draws a step it cannot run.
+    pub fn fit(&self, space: &ScheduleSpace) -> ScheduleSpace {
+        ScheduleSpace {
+            between_statements: space.between_statements
+                && self.settings.wire
+                && self.bed.records_wire(),
+            ..space.clone()
+        }
     }
 
     /// Runs one schedule as a fresh case (its own key namespace) and checks it. Cases may run

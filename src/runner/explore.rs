@@ -100,7 +100,8 @@ pub async fn explore(
     space: &ScheduleSpace,
     config: &ExploreConfig,
 ) -> Result<ExploreReport> {
-    let mut source = Checkpoints::new(space, config.generation())?;
+    let space = controller.fit(space);
+    let mut source = Checkpoints::new(&space, config.generation())?;
     search(controller, &mut source, &config.search()).await
 }
 
@@ -114,7 +115,8 @@ pub async fn replay_case(
     config: &ExploreConfig,
     case: u32,
 ) -> Result<(Schedule, crate::check::CaseResult)> {
-    let schedule = Checkpoints::new(space, config.generation())?.generated_case(case)?;
+    let schedule =
+        Checkpoints::new(&controller.fit(space), config.generation())?.generated_case(case)?;
     let result = controller.run(&schedule).await?;
     Ok((schedule, result))
 }

@@ -237,6 +237,11 @@ impl Gate {
 }
 
 impl Holder for Gate {
+    fn holding(&self, link: &str) -> bool {
+        let state = self.lock();
+        !state.open && state.held.iter().any(|held| held.link == link)
+    }
+
     fn before(
         &self,
         link: &str,

@@ -331,10 +331,10 @@ impl<'b> Services<'b> {
     /// first command fails and reconnects. Wait until they answer again, so only the workers'
     /// attempts, never the harness's own bookkeeping, feel the fault.
     pub async fn reconnect(&self) -> Result<()> {
-        let workers = self
-            .links
-            .iter()
-            .filter_map(|link| link.infra.as_ref().map(|infra| infra.redis.clone()));
+        // A worker's connection may carry a request the schedule is holding (a step between
+        // statements): a PING would wait behind it, so that worker reconnects when it next
+        // sends, as it would in production. The others are woken together, each within its
+        // bound (one after another, a case with two slow ones paid twice).
         let ping = |redis: &redis::aio::ConnectionManager| {
             let redis = redis.clone();
             move || {
@@ -342,20 +342,23 @@ impl<'b> Services<'b> {
                 async move { redis::cmd("PING").query_async::<String>(&mut redis).await }
             }
         };
-        for redis in workers {
-            // A worker's connection may carry a request the schedule is holding (a step between
-            // statements): its PING waits behind it. That worker reconnects when it next sends,
-            // as it would in production, so its connection is woken only if it can answer.
-            let woken = crate::env::containers::wait_ready(
-                "redis (a worker's connection)",
-                WORKER_RECONNECT,
-                ping(&redis),
-            )
-            .await;
-            if let Err(err) = woken {
-                tracing::debug!(%err, "a worker's redis connection stays asleep (held or slow)");
-            }
-        }
+        let woken = self
+            .links
+            .iter()
+            .filter(|link| !link.links.holds_redis())
+            .filter_map(|link| link.infra.as_ref().map(|infra| infra.redis.clone()))
+            .map(|redis| async move {
+                let woken = crate::env::containers::wait_ready(
+                    "redis (a worker's connection)",
+                    WORKER_RECONNECT,
+                    ping(&redis),
+                )
+                .await;
+                if let Err(err) = woken {
+                    tracing::debug!(%err, "a worker's redis connection stays asleep (slow)");
+                }
+            });
+        futures::future::join_all(woken).await;
         crate::env::containers::wait_ready(
             "redis (case connections)",
             Duration::from_secs(10),

@@ -196,6 +196,15 @@ pub struct ScheduleSpace {
     pub max_steps: usize,
     /// Fault kinds the schedules may contain.
     pub faults: Vec<FaultKind>,
+    /// Whether a worker can be held between two statements ([`Step::Trips`]): that needs its
+    /// links recorded by racecert's own proxy. On a bed with a proxy in a container or an
+    /// external one, schedules hold workers at checkpoints only.
+    #[serde(default = "holdable")]
+    pub between_statements: bool,
+}
+
+fn holdable() -> bool {
+    true
 }
 
 impl ScheduleSpace {
@@ -236,12 +245,14 @@ impl ScheduleSpace {
         )];
         // Between statements: a worker held where no checkpoint is (a check and the write it
         // guards, two statements of one transition).
-        steps.push((
-            2,
-            (0..workers, 1u32..=3)
-                .prop_map(|(worker, trips)| Step::Trips { worker, trips })
-                .boxed(),
-        ));
+        if self.between_statements {
+            steps.push((
+                2,
+                (0..workers, 1u32..=3)
+                    .prop_map(|(worker, trips)| Step::Trips { worker, trips })
+                    .boxed(),
+            ));
+        }
         if self.allows(FaultKind::WorkerCrash) {
             steps.push((
                 1,

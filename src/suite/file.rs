@@ -471,6 +471,7 @@ pub fn parse(text: &str, origin: &str) -> Result<LoadedSuite> {
                 inputs: inputs as usize,
                 max_steps: max_steps as usize,
                 faults,
+                between_statements: true,
             },
             cases: cases.map(|cases| cases.min(u64::from(u32::MAX)) as u32),
             scope,

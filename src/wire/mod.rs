@@ -473,6 +473,12 @@ pub trait Holder: Send + Sync + 'static {
         first: u64,
         requests: &[Request],
     ) -> Option<BoxFuture<'static, ()>>;
+
+    /// Whether a request of `link` is held now: what comes after it on its connection (a
+    /// health check too) waits behind it.
+    fn holding(&self, _link: &str) -> bool {
+        false
+    }
 }
 
 /// The time base of round trips: microseconds since an origin the caller chooses (the run's

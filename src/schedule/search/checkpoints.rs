@@ -307,6 +307,7 @@ mod tests {
             inputs: 2,
             max_steps: 6,
             faults: vec![FaultKind::LeaseExpiry, FaultKind::Cutover],
+            between_statements: true,
         }
     }
 

@@ -331,6 +331,7 @@ mod tests {
             inputs: 2,
             max_steps: 8,
             faults: vec![FaultKind::Cutover, FaultKind::CacheInvalidationLag],
+            between_statements: true,
         }
     }
 

@@ -48,7 +48,11 @@ impl Request {
         serde_json::from_slice(&self.body)
     }
 
-    pub(crate) async fn from_hyper(request: hyper::Request<hyper::body::Incoming>) -> Request {
+    /// The request, or the error that cut its body short (the client hung up mid-body: a worker
+    /// killed while sending). Upstream panics there, in the connection's task.
+    pub(crate) async fn from_hyper(
+        request: hyper::Request<hyper::body::Incoming>,
+    ) -> Result<Request, hyper::Error> {
         let (parts, body) = request.into_parts();
         let url = match parts.uri.authority() {
             Some(_) => parts.uri.to_string(),
@@ -57,18 +61,14 @@ impl Request {
         .parse()
         .unwrap();
 
-        let body = body
-            .collect()
-            .await
-            .expect("Failed to read request body.")
-            .to_bytes();
+        let body = body.collect().await?.to_bytes();
 
-        Self {
+        Ok(Self {
             url,
             method: parts.method,
             headers: parts.headers,
             body: body.to_vec(),
-        }
+        })
     }
 
     pub(crate) fn print_with_limit(

@@ -30,7 +30,10 @@ pub(super) async fn run_server(
     let request_handler = move |request| {
         let server_state = server_state.clone();
         async move {
-            let wiremock_request = crate::Request::from_hyper(request).await;
+            // A body cut short ends this connection, as hyper ends it for any handler error.
+            let wiremock_request = crate::Request::from_hyper(request)
+                .await
+                .map_err(|e| ErrorLifetimeCast(Box::new(e)))?;
             let (response, delay) = server_state
                 .write()
                 .await
