@@ -299,14 +299,10 @@ impl<'a> Controller<'a> {
             // and a check would only cost a round trip through its proxy.
             Some((link, gate, restarts)) if restarts == self.bed.restarts() => Ok((link, gate)),
             Some((link, gate, _)) => {
-                let redis = link.infra()?.redis.clone();
                 crate::env::containers::wait_ready(
                     "redis (pooled worker link)",
                     Duration::from_secs(10),
-                    || {
-                        let mut redis = redis.clone();
-                        async move { redis::cmd("PING").query_async::<String>(&mut redis).await }
-                    },
+                    crate::runner::plane::ping(&link.infra()?.redis),
                 )
                 .await?;
                 Ok((link, gate))

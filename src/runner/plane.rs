@@ -348,13 +348,6 @@ impl<'b> Services<'b> {
             }
         }
         futures::future::join_all(woken).await;
-        let ping = |redis: &redis::aio::ConnectionManager| {
-            let redis = redis.clone();
-            move || {
-                let mut redis = redis.clone();
-                async move { redis::cmd("PING").query_async::<String>(&mut redis).await }
-            }
-        };
         crate::env::containers::wait_ready(
             "redis (case connections)",
             Duration::from_secs(10),
@@ -656,14 +649,22 @@ async fn wake_worker(redis: redis::aio::ConnectionManager) {
     let woken = crate::env::containers::wait_ready(
         "redis (a worker's connection)",
         WORKER_RECONNECT,
-        || {
-            let mut redis = redis.clone();
-            async move { redis::cmd("PING").query_async::<String>(&mut redis).await }
-        },
+        ping(&redis),
     )
     .await;
     if let Err(err) = woken {
         tracing::debug!(%err, "a worker's redis connection stays asleep (held or slow)");
+    }
+}
+
+/// A PING of `redis`, made again on each call (what `wait_ready` polls).
+pub(super) fn ping(
+    redis: &redis::aio::ConnectionManager,
+) -> impl FnMut() -> futures::future::BoxFuture<'static, redis::RedisResult<String>> + use<> {
+    let redis = redis.clone();
+    move || {
+        let mut redis = redis.clone();
+        Box::pin(async move { redis::cmd("PING").query_async::<String>(&mut redis).await })
     }
 }
 
