@@ -223,12 +223,33 @@ fn ms(d: Duration) -> f64 {
 
 /// Runs proptest-generated cases one at a time (not through `explore`, so one harness error is
 /// counted and the run goes on, and every case is timed).
+/// The suites whose cases per second are compared across versions, each also with its schedules
+/// holding workers at checkpoints only: those are the cases racecert drew before it could hold a
+/// worker between two statements (a step kind that adds work to a case), so a before/after
+/// comparison of the runner's own speed runs the same cases on both sides.
+const CHECKPOINTS_ONLY_TOO: [(&str, bool); 4] = [
+    ("lease-expiry", true),
+    ("lease-expiry", false),
+    ("full-rollout", true),
+    ("full-rollout", false),
+];
+
+fn label(name: &str, between_statements: bool) -> String {
+    if between_statements {
+        name.to_owned()
+    } else {
+        format!("{name}/ckpt")
+    }
+}
+
 fn throughput(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
     println!(
-        "\n## 1. Controlled cases per second, reference worker ({THROUGHPUT_CASES} generated cases each, seed 0; target 100 cases/s)"
+        "\n## 1. Controlled cases per second, reference worker ({THROUGHPUT_CASES} generated cases each, seed 0; target 100 cases/s; /ckpt: held at checkpoints only)"
     );
-    for name in ["lease-expiry", "full-rollout"] {
-        let suite = suite(name)?;
+    for (name, between) in CHECKPOINTS_ONLY_TOO {
+        let mut suite = suite(name)?;
+        suite.space.between_statements = between;
+        let name = label(name, between);
         let controller = rt.block_on(Controller::new(bed, suite.settings.clone()))?;
         let strategy = suite.space.strategy();
         let mut runner = TestRunner::new_with_rng(ProptestConfig::default(), test_rng(0));
@@ -396,10 +417,14 @@ fn explore_throughput(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
     println!(
         "\n## 1b. Controlled cases per second through `explore` ({THROUGHPUT_CASES} cases, seed 0, by concurrency; default {DEFAULT_CONCURRENCY}; target 100 cases/s)"
     );
-    for name in ["lease-expiry", "retry-overlap", "full-rollout"] {
-        let suite = suite(name)?;
+    let suites = [("retry-overlap", true)]
+        .into_iter()
+        .chain(CHECKPOINTS_ONLY_TOO);
+    for (name, between) in suites {
+        let mut suite = suite(name)?;
+        suite.space.between_statements = between;
         let controller = rt.block_on(Controller::new(bed, suite.settings.clone()))?;
-        let mut line = format!("{name:<14}");
+        let mut line = format!("{:<18}", label(name, between));
         for concurrency in [1, 2, 4, 8] {
             let config = ExploreConfig {
                 cases: THROUGHPUT_CASES,

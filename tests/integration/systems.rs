@@ -639,10 +639,18 @@ async fn apalis_example_certifies_itself_from_its_own_cargo_test_and_its_files(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
+    // The example's build shares this build's target directory: its dependencies are racecert's
+    // (one lock file's versions, the same profile), so most are built once, not twice (the
+    // second build was most of this test's minutes). Cargo holds that directory's lock only
+    // while it compiles, not while these tests run.
+    let target = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .context_or("CARGO_TARGET_TMPDIR is a directory inside the target directory")?;
     let output = tokio::process::Command::new("cargo")
         .args(["test", "--locked", "--test", "certify"])
         .current_dir(example("apalis-worker"))
         .env_clear()
+        .env("CARGO_TARGET_DIR", target)
         .envs(std::env::vars().filter(|(k, _)| {
             matches!(
                 k.as_str(),
@@ -681,6 +689,13 @@ async fn apalis_example_certifies_itself_from_its_own_cargo_test_and_its_files(
         let mut system = System::load(&example(file))?;
         anyhow::ensure!(system.start.setup.is_some(), "{file} builds the example");
         system.start.setup = None;
+        // The files name the binary their `setup` builds, in the example's own target
+        // directory; the cargo test above built it in the shared one.
+        const BUILT: &str = "./target/debug/apalis-worker";
+        let command = &system.start.command;
+        anyhow::ensure!(command.starts_with(BUILT), "{file} runs {BUILT}: {command}");
+        let binary = target.join("debug/apalis-worker");
+        system.start.command = command.replacen(BUILT, &binary.display().to_string(), 1);
         Ok(system)
     };
     let faults = [FaultKind::HeartbeatMiss, FaultKind::KillMain];
