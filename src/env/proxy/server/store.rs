@@ -27,6 +27,10 @@ use crate::env::proxy::json::{NewProxy, ProxyInfo, ToxicInfo};
 /// wedge the API, so past this the proxy is restarted instead.
 const ENGINE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a proxy's restart waits for its port to be free again, and in what steps.
+const REBIND: Duration = Duration::from_secs(2);
+const REBIND_STEP: Duration = Duration::from_millis(50);
+
 /// The engine reads at most 32 KiB per chunk, but a buffer may be handed back larger; this bounds
 /// the chunk sizes that the bandwidth pacer must plan for.
 const MAX_CHUNK: u64 = 64 * 1024;
@@ -101,12 +105,34 @@ impl EngineRun {
             enabled: true,
             rand_seed: None,
         };
-        let (listener, info) =
-            ProxyRunner::initialize_proxy::<EngineListener>(config, engine_toxics(toxics))
-                .await
-                .map_err(|err| {
-                    ApiError::internal(format!("proxy {name}: listen on {listen}: {err}"))
-                })?;
+        // A restart binds the port its last run held a moment ago. Clients were told this
+        // port, so it cannot move; a bind that finds it still in use is tried again for a
+        // short while (seen once in CI, on a restart to take a tap), then reported.
+        let mut waited = Duration::ZERO;
+        let (listener, info) = loop {
+            match ProxyRunner::initialize_proxy::<EngineListener>(
+                config.clone(),
+                engine_toxics(toxics),
+            )
+            .await
+            {
+                Err(err) if err.kind() == std::io::ErrorKind::AddrInUse && waited < REBIND => {
+                    tokio::time::sleep(REBIND_STEP).await;
+                    waited += REBIND_STEP;
+                }
+                Err(err) => {
+                    return Err(ApiError::internal(format!(
+                        "proxy {name}: listen on {listen}: {err}{}",
+                        if waited.is_zero() {
+                            String::new()
+                        } else {
+                            format!(" (still, after {waited:?})")
+                        }
+                    )));
+                }
+                Ok(bound) => break bound,
+            }
+        };
         let (events, receiver) = bmrng::channel(1);
         let (stop, stopper) = Stop::new();
         let (closed, closer) = Close::new();
@@ -142,6 +168,9 @@ impl EngineRun {
         {
             warn!(proxy = %name, "proxy did not stop in time; aborting it");
             self.task.abort();
+            // Aborting only asks: the listener is freed when the task is dropped, which
+            // awaiting it waits for; binding its port again before that finds it in use.
+            let _ = self.task.await;
         }
         info!(proxy = %name, "proxy stopped");
     }

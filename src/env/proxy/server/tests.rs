@@ -445,6 +445,41 @@ async fn disable_refuses_and_closes_then_enable_rebinds_the_same_port() {
     assert_eq!(shown["listen"], json!(listen.to_string()));
 }
 
+/// A proxy's port held by someone else when it comes back: a moment's hold (the last run's
+/// listener not yet freed) is waited out and the proxy binds the same port; a hold that lasts is
+/// an error naming the port, and the proxy shows as disabled.
+#[tokio::test]
+async fn enable_waits_out_a_moment_of_its_port_in_use_and_reports_a_lasting_one() {
+    let server = start_server().await;
+    let api = server.addr();
+    let listen = populate_one(api, "held", upstream("").await).await;
+    for (hold, comes_back) in [(Duration::from_millis(300), true), (GUARD, false)] {
+        with_client(api, |client| client.find_proxy("held")?.disable())
+            .await
+            .expect("disable");
+        let squatter = std::net::TcpListener::bind(listen).expect("the port is free");
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(hold).await;
+            drop(squatter);
+        });
+        let (status, body) = http(api, "POST", "/proxies/held", r#"{"enabled":true}"#).await;
+        if comes_back {
+            assert_eq!(status, 200, "{body}");
+            let mut conn = connect(listen, "").await;
+            round_trip(&mut conn, b"back").await;
+        } else {
+            assert!(status >= 500, "{status} {body}");
+            assert!(
+                body.contains(&listen.to_string()) && body.contains("still, after"),
+                "{body}"
+            );
+            let (_, shown) = http_json(api, "GET", "/proxies/held", "").await;
+            assert_eq!(shown["enabled"], json!(false));
+        }
+        release.await.expect("release");
+    }
+}
+
 #[tokio::test]
 async fn api_errors_have_toxiproxy_status_codes() {
     let server = start_server().await;
