@@ -18,7 +18,7 @@ use crate::history::{Observation, Recorder};
 use crate::reference::Pipeline;
 use crate::reference::queue::Queue;
 use crate::runner::arrivals::Arrivals;
-use crate::runner::plane::{BackendFaults, CasePlane, Services, WorkerLink, Workers};
+use crate::runner::plane::{BackendControl, CasePlane, Services, WorkerLink, Workers};
 use crate::schedule::WorkerSpec;
 use crate::{Error, Result};
 use rand::rngs::StdRng;
@@ -257,7 +257,7 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
             keys.clone(),
             admin.clone(),
             links,
-            BackendFaults::Toxics,
+            BackendControl::Toxics,
             settings.defects.clone(),
             settings.backend_timeout,
         ),

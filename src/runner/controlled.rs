@@ -24,7 +24,9 @@ use crate::reference::ReferenceFactory;
 use crate::reference::queue::Queue;
 use crate::reference::submit::InferenceRequest;
 use crate::runner::link_gate::Gate as LinkGate;
-use crate::runner::plane::{BackendFaults, CasePlane, RestartScope, Services, WorkerLink, Workers};
+use crate::runner::plane::{
+    BackendControl, CasePlane, RestartScope, Services, WorkerLink, Workers,
+};
 use crate::schedule::file::{RunnerSpec, ScheduleFile};
 use crate::schedule::search::{Case, Outcome, Runner};
 use crate::schedule::{Schedule, ScheduleSpace, Step, WorkerSpec};
@@ -513,7 +515,7 @@ impl<'c, 'a> CaseRun<'c, 'a> {
             keys.clone(),
             controller.admin.clone(),
             links,
-            BackendFaults::Programs,
+            BackendControl::Programs,
             settings.defects.clone(),
             settings.backend_timeout,
         );

@@ -22,7 +22,7 @@ use crate::history::{EventKind, Observation, Recorder, read_jobs};
 use crate::reference::Pipeline;
 use crate::reference::process::WorkerEnv;
 use crate::runner::arrivals::Arrivals;
-use crate::runner::plane::{BackendFaults, CasePlane, Services, WorkerLink, Workers};
+use crate::runner::plane::{BackendControl, CasePlane, Services, WorkerLink, Workers};
 use crate::schedule::WorkerSpec;
 use crate::{Error, Result};
 use nix::sys::signal::{Signal, kill};
@@ -532,7 +532,7 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
             keys.clone(),
             admin.clone(),
             links,
-            BackendFaults::Toxics,
+            BackendControl::Toxics,
             settings.defects.clone(),
             settings.backend_timeout,
         ),

@@ -44,10 +44,11 @@ pub trait Workers: Send {
     ) -> impl Future<Output = Result<Option<Duration>>> + Send;
 }
 
-/// How a case's backend faults are made: per-case programs of the shared wiremock backends (the
-/// calls carry the case's key prefix), or toxics on the backend proxies of the case's workers.
+/// How a plane reaches the model backends to slow or fail them: per-case programs of the shared
+/// wiremock backends (the calls carry the case's key prefix), or toxics on the backend proxies of
+/// the case's workers. A mode of the plane, not a fault: the faults are `fault::Fault`'s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendFaults {
+pub enum BackendControl {
     /// Programs of the backends, per case prefix.
     Programs,
     /// Toxics on the workers' own backend proxies.
@@ -122,7 +123,7 @@ pub struct Services<'b> {
     /// The case's workers' links, in worker order.
     pub links: Vec<WorkerLink>,
     cut: HashSet<PartitionTarget>,
-    backend_faults: BackendFaults,
+    backend_control: BackendControl,
     programs: BTreeMap<String, ProgramGuard>,
     toxics: BTreeMap<String, String>,
     cutover: Option<Cutover>,
@@ -164,13 +165,13 @@ impl std::fmt::Debug for Services<'_> {
 
 impl<'b> Services<'b> {
     /// The services of a case under `keys` on `bed`, whose workers use `links` (in worker
-    /// order); backend faults are made the `backend_faults` way.
+    /// order); backend faults are made the `backend_control` way.
     pub fn new(
         bed: &'b TestBed,
         keys: Keys,
         admin: Infra,
         links: Vec<WorkerLink>,
-        backend_faults: BackendFaults,
+        backend_control: BackendControl,
         defects: Defects,
         backend_timeout: Duration,
     ) -> Services<'b> {
@@ -180,7 +181,7 @@ impl<'b> Services<'b> {
             admin,
             links,
             cut: HashSet::new(),
-            backend_faults,
+            backend_control,
             programs: BTreeMap::new(),
             toxics: BTreeMap::new(),
             cutover: None,
@@ -389,8 +390,8 @@ impl<'b> Services<'b> {
     }
 
     async fn slow_backend(&mut self, version: &str, delay: Duration) -> Result<()> {
-        match self.backend_faults {
-            BackendFaults::Programs => {
+        match self.backend_control {
+            BackendControl::Programs => {
                 let behaviour = match &self.deadlines {
                     Some(deadlines) => Behaviour::Stall {
                         delay,
@@ -407,7 +408,7 @@ impl<'b> Services<'b> {
                     replaced.release().await;
                 }
             }
-            BackendFaults::Toxics => {
+            BackendControl::Toxics => {
                 self.recover_backend(version).await?;
                 let toxic = Toxic::Latency {
                     latency_ms: delay.as_millis() as u32,

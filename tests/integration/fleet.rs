@@ -16,10 +16,6 @@ crate::tests!(
     a_job_lost_only_when_its_holder_is_killed_is_caught_by_the_aimed_crash,
 );
 
-/// The Python tests count leftover `worker.py` processes by name: they run one at a time so
-/// one test's live fleet is never taken for another's leftovers.
-static PYTHON_FLEETS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// The Python example's script and the interpreter of its own environment (the test provisions
 /// it: created once, cached by its requirements).
 async fn python_worker() -> anyhow::Result<(&'static str, String)> {
@@ -116,7 +112,7 @@ async fn the_reference_worker_process_passes_and_its_unfenced_defect_is_caught(
 async fn the_python_example_worker_passes_and_its_unfenced_variant_is_caught(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
-    let _one_fleet = PYTHON_FLEETS.lock().await;
+    let _one_fleet = crate::PYTHON_WORKERS.lock().await;
     let _shared = bed.shared().await;
     let (script, python) = python_worker().await?;
     let command = format!("{python} {script}");
@@ -141,7 +137,7 @@ async fn the_python_example_worker_passes_and_its_unfenced_variant_is_caught(
 async fn the_python_examples_lease_and_cache_bugs_are_caught_on_the_wire(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
-    let _one_fleet = PYTHON_FLEETS.lock().await;
+    let _one_fleet = crate::PYTHON_WORKERS.lock().await;
     let _shared = bed.shared().await;
     let (script, python) = python_worker().await?;
     for (flag, invariant) in [
@@ -181,7 +177,7 @@ async fn the_python_examples_lease_and_cache_bugs_are_caught_on_the_wire(
 async fn a_lease_no_pause_outlasts_leaves_lease_expiry_unlanded_and_the_run_inconclusive(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
-    let _one_fleet = PYTHON_FLEETS.lock().await;
+    let _one_fleet = crate::PYTHON_WORKERS.lock().await;
     let _shared = bed.shared().await;
     let (script, python) = python_worker().await?;
     let command = format!("{python} {script} --long-lease");
@@ -213,7 +209,7 @@ async fn a_lease_no_pause_outlasts_leaves_lease_expiry_unlanded_and_the_run_inco
 async fn a_job_lost_only_when_its_holder_is_killed_is_caught_by_the_aimed_crash(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
-    let _one_fleet = PYTHON_FLEETS.lock().await;
+    let _one_fleet = crate::PYTHON_WORKERS.lock().await;
     let _shared = bed.shared().await;
     let (script, python) = python_worker().await?;
     let command = format!("{python} {script} --ack-on-receive");

@@ -52,6 +52,11 @@ macro_rules! tests {
     };
 }
 
+/// Tests that start the Python example's `worker.py` processes run one at a time: the fleet
+/// tests count leftover `worker.py` processes by name, and another test's live workers would be
+/// taken for leftovers (seen in CI: a fleet test beside a wire-schedule test).
+pub static PYTHON_WORKERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A namespace unique to one test, for its Redis keys and idempotency keys.
 pub fn namespace(test: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};

@@ -46,6 +46,7 @@ const SEEDS: std::ops::RangeInclusive<u64> = 1..=3;
 async fn the_read_then_write_variant_is_caught_shrunk_and_replayed_from_its_file(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
+    let _python = crate::PYTHON_WORKERS.lock().await;
     let _shared = bed.shared().await;
     let command = format!("{} --read-then-write", python_command().await?);
     let settings = WireSettings::pair(&command);
@@ -99,6 +100,7 @@ async fn the_read_then_write_variant_is_caught_shrunk_and_replayed_from_its_file
 async fn the_safe_python_worker_and_the_reference_worker_pass_wire_schedules(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
+    let _python = crate::PYTHON_WORKERS.lock().await;
     let _shared = bed.shared().await;
     let reference = format!("{} worker", env!("CARGO_BIN_EXE_racecert"));
     for command in [python_command().await?, reference] {
@@ -137,6 +139,7 @@ async fn the_safe_python_worker_and_the_reference_worker_pass_wire_schedules(
 async fn the_seeds_unfenced_write_is_found_through_wire_schedules(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
+    let _python = crate::PYTHON_WORKERS.lock().await;
     let _shared = bed.shared().await;
     let command = format!("{} --unfenced", python_command().await?);
     // Through certify's own entry point, so the report's counterexample is checked too.
@@ -192,6 +195,7 @@ async fn the_seeds_unfenced_write_is_found_through_wire_schedules(
 async fn races_of_three_ordered_steps_are_found_at_depth_three(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
+    let _python = crate::PYTHON_WORKERS.lock().await;
     let _shared = bed.shared().await;
     for (flag, invariant) in [
         ("--renew-without-check", "lease-discipline"),

@@ -15,7 +15,7 @@ use crate::reference::process::WorkerEnv;
 use crate::reference::submit::InferenceRequest;
 use crate::runner::fleet::{Processes, signal, stop};
 use crate::runner::link_gate::{Gate, uncounted};
-use crate::runner::plane::{BackendFaults, CasePlane, Services, WorkerLink};
+use crate::runner::plane::{BackendControl, CasePlane, Services, WorkerLink};
 use crate::schedule::search::{Divergence, Outcome};
 use crate::schedule::{RequestSpec, Schedule, WireStep};
 use crate::wire::WireEvent;
@@ -189,7 +189,7 @@ impl<'b> Case<'b> {
             keys.clone(),
             admin.clone(),
             links,
-            BackendFaults::Toxics,
+            BackendControl::Toxics,
             settings.defects.clone(),
             settings.backend_timeout,
         );
