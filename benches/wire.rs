@@ -5,8 +5,9 @@
 //! `cargo bench --bench wire [-- [LAST [FIRST]] [FLAG..] [--no-rate]]`: seeds FIRST..=LAST (1..=10 by
 //! default), only the defects whose flag is given (`unfenced`, `read-then-write`), without part 1
 //! with `--no-rate`. It prints numbers and asserts nothing:
-//! 1. wire schedules per second of the safe Python worker (depth-2 enumeration, then PCT), on
-//!    processes kept from case to case;
+//! 1. wire schedules per second of the safe Python worker (the default search: depth-2 enumeration,
+//!    depth-3 schedules at the conflict points, then PCT at depth 3), on processes kept from case
+//!    to case;
 //! 2. per defect (`--read-then-write`, `--unfenced`) and seed: cases and seconds to the first
 //!    failing wire case, the shrunk schedule's length, and whether its file replays with the same
 //!    violation 10 times out of 10;
