@@ -130,9 +130,7 @@ pub fn reap(all: bool) -> Result<Vec<ManagedContainer>> {
         .filter(|c| all || !c.owner.is_alive())
         .collect();
     if !doomed.is_empty() {
-        let mut args = vec!["rm", "-f", "-v"];
-        args.extend(doomed.iter().map(|c| c.id.as_str()));
-        docker(&args, "rm")?;
+        remove(&doomed)?;
         for container in &doomed {
             tracing::info!(id = %container.id, name = %container.name, service = %container.service, owner_pid = container.owner.pid, "removed leftover racecert container");
         }
@@ -140,9 +138,59 @@ pub fn reap(all: bool) -> Result<Vec<ManagedContainer>> {
     Ok(doomed)
 }
 
+/// Removes the containers. Another racecert process may be reaping the same leftovers, or the
+/// engine may still be finishing a removal its owner asked for as it exited: a container that is
+/// already gone or already being removed is what we wanted, not an error.
+fn remove(doomed: &[ManagedContainer]) -> Result<()> {
+    let mut args = vec!["rm", "-f", "-v"];
+    args.extend(doomed.iter().map(|c| c.id.as_str()));
+    let output = std::process::Command::new("docker")
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|err| crate::Error::Docker(format!("docker rm: {err}")))?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if output.status.success() || only_removals_under_way(&stderr) {
+        return Ok(());
+    }
+    Err(crate::Error::Docker(format!(
+        "`docker {}` failed ({}):\n{}",
+        args.join(" "),
+        output.status,
+        stderr.trim_end()
+    )))
+}
+
+/// Whether every error `docker rm` printed says the container is gone or already being removed.
+fn only_removals_under_way(stderr: &str) -> bool {
+    let errors: Vec<&str> = stderr
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect();
+    !errors.is_empty()
+        && errors.iter().all(|line| {
+            line.contains("is already in progress") || line.contains("No such container")
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn removals_already_under_way_are_not_errors_and_other_failures_are() {
+        let racing = "Error response from daemon: removal of container a66392460dc6 is already in progress\n";
+        assert!(only_removals_under_way(racing));
+        let gone = "Error response from daemon: No such container: 42bbe4d1c672\n";
+        assert!(only_removals_under_way(&format!("{racing}{gone}")));
+        let denied = "Error response from daemon: permission denied\n";
+        assert!(!only_removals_under_way(&format!("{racing}{denied}")));
+        assert!(
+            !only_removals_under_way(""),
+            "a failure with no message is a failure"
+        );
+    }
 
     #[test]
     fn current_process_is_alive_and_a_dead_one_is_not() {
