@@ -61,7 +61,16 @@ async fn rate(bed: &TestBed, python: &str) -> anyhow::Result<()> {
     plan.cases = 60;
     plan.budget = Duration::from_secs(300);
     let started = Instant::now();
-    let report = search(bed, &settings, &plan, |_| {}).await?;
+    // When each case ended, to show where the time goes: most cases are quick, and a few that end
+    // with a job left open (its holder crashed or held it) wait for time to pass.
+    let ends = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+    let report = {
+        let ends = ends.clone();
+        search(bed, &settings, &plan, move |_| {
+            ends.lock().expect("case clock").push(Instant::now())
+        })
+        .await?
+    };
     let wall = started.elapsed();
     println!(
         "{} cases in {:.1} s (search {:.1} s, with process start): {:.1} schedules/s; failures: {}",
@@ -71,6 +80,25 @@ async fn rate(bed: &TestBed, python: &str) -> anyhow::Result<()> {
         f64::from(report.cases_run) / report.elapsed.as_secs_f64(),
         report.found.is_some()
     );
+    let ends = ends.lock().expect("case clock");
+    let mut durations: Vec<Duration> = ends.windows(2).map(|w| w[1] - w[0]).collect();
+    durations.sort();
+    if let (Some(median), Some(max)) = (durations.get(durations.len() / 2), durations.last()) {
+        let slow: Vec<&Duration> = durations
+            .iter()
+            .filter(|d| **d >= Duration::from_millis(300))
+            .collect();
+        println!(
+            "per case (from the end of one to the end of the next, {} cases): median {:.0} ms, 90th percentile {:.0} ms, max {:.0} ms; {} cases of 300 ms or more took {:.1} s of {:.1} s",
+            durations.len(),
+            median.as_secs_f64() * 1e3,
+            durations[durations.len() * 9 / 10].as_secs_f64() * 1e3,
+            max.as_secs_f64() * 1e3,
+            slow.len(),
+            slow.iter().map(|d| d.as_secs_f64()).sum::<f64>(),
+            durations.iter().map(|d| d.as_secs_f64()).sum::<f64>(),
+        );
+    }
     Ok(())
 }
 

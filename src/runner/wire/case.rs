@@ -479,6 +479,28 @@ impl<'b> Case<'b> {
         Ok(true)
     }
 
+    /// Ends the blocking reads workers wait in, as if their block timeout ran out: time passed
+    /// for the deliveries just aged, so it passed for the reads too, and a worker polls again
+    /// (and reclaims) at once instead of at the end of its block. A blocked read ended this way
+    /// returns what a timeout returns, which every worker handles.
+    async fn wake_blocked_readers(&self) -> Result<()> {
+        let mut redis = self.admin.redis.clone();
+        let clients: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .arg("TYPE")
+            .arg("normal")
+            .query_async(&mut redis)
+            .await?;
+        for id in blocked_stream_readers(&clients) {
+            let _: redis::Value = redis::cmd("CLIENT")
+                .arg("UNBLOCK")
+                .arg(id)
+                .query_async(&mut redis)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Heals, lets every worker run free until every request is terminal (expiring the leases
     /// and deliveries of jobs nobody works on), judges what concerns this case's requests, and
     /// leaves every worker held before its next queue poll, ready for the next case.
@@ -593,6 +615,9 @@ impl<'b> Case<'b> {
         for gate in &self.gates {
             gate.close();
         }
+        // A worker that ran free may wait in a blocking read that nothing will answer now (the
+        // case added its work before): its block timeout passing changes nothing, so end it.
+        self.wake_blocked_readers().await?;
         for worker in 0..self.gates.len() {
             let wait = if self.fresh[worker] {
                 self.settings.start
@@ -700,6 +725,11 @@ impl<'b> Case<'b> {
 
     async fn drain(&mut self, _bed: &TestBed) -> Result<bool> {
         let deadline = Instant::now() + self.settings.drain;
+        // The settle already left every live worker at its next queue poll, so a job still open
+        // now waits for time to pass (its holder died, or holds it past the schedule): age it at
+        // once instead of waiting a quiet period that would only find the same.
+        let open = self.open_jobs().await?;
+        self.expire_open(&open).await?;
         let mut last_expiry = Instant::now();
         loop {
             let open = self.open_jobs().await?;
@@ -709,8 +739,8 @@ impl<'b> Case<'b> {
             if Instant::now() > deadline || crate::interrupt::requested().is_some() {
                 return Ok(false);
             }
-            // Nobody progressed for a while: time passes (leases and visibility timeouts run out)
-            // so a job whose worker died or gave up is taken again.
+            // Nobody progressed for a while: time passes again (leases and visibility timeouts
+            // run out) so a job whose worker died or gave up since is taken again.
             let quiet = Duration::from_millis(600);
             let last = self
                 .gates
@@ -719,31 +749,66 @@ impl<'b> Case<'b> {
                 .max()
                 .unwrap_or(self.started);
             if last.elapsed() > quiet && last_expiry.elapsed() > quiet {
-                // Up to the liveness bound: a lease set to outlive it keeps its job waiting.
-                let bound = self.settings.lease_ttl * 2;
-                let (_, outliving) = self
-                    .plane
-                    .services
-                    .expire_leases_within(&open, bound)
-                    .await?;
-                for key in &open {
-                    self.expire_delivery(key).await?;
-                }
-                for (key, ttl_ms) in outliving {
-                    if !self.outliving.contains(&key) {
-                        self.outliving.push(key.clone());
-                        self.recorder.observe(Observation::LeaseOutlivesBound {
-                            key,
-                            ttl_ms,
-                            bound_ms: bound.as_millis() as u64,
-                        });
-                    }
-                }
+                self.expire_open(&open).await?;
                 last_expiry = Instant::now();
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // Checking costs two local queries; a job done is seen within a few milliseconds.
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+
+    /// Lets time pass for the open jobs: their leases (up to the liveness bound) and deliveries
+    /// expire, so another worker may take them. A lease set to outlive the bound is recorded.
+    async fn expire_open(&mut self, open: &[String]) -> Result<()> {
+        if open.is_empty() {
+            return Ok(());
+        }
+        // Up to the liveness bound: a lease set to outlive it keeps its job waiting.
+        let bound = self.settings.lease_ttl * 2;
+        let (_, outliving) = self
+            .plane
+            .services
+            .expire_leases_within(open, bound)
+            .await?;
+        let mut aged = false;
+        for key in open {
+            aged |= self.expire_delivery(key).await?;
+        }
+        if aged {
+            self.wake_blocked_readers().await?;
+        }
+        for (key, ttl_ms) in outliving {
+            if !self.outliving.contains(&key) {
+                self.outliving.push(key.clone());
+                self.recorder.observe(Observation::LeaseOutlivesBound {
+                    key,
+                    ttl_ms,
+                    bound_ms: bound.as_millis() as u64,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The ids of the clients in a `CLIENT LIST` reply that wait in a blocking stream read.
+pub(super) fn blocked_stream_readers(clients: &str) -> Vec<u64> {
+    clients
+        .lines()
+        .filter_map(|line| {
+            let field = |name: &str| {
+                line.split_whitespace()
+                    .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+            };
+            let blocked = field("flags").is_some_and(|flags| flags.contains('b'));
+            let reading = field("cmd").is_some_and(|cmd| {
+                cmd.eq_ignore_ascii_case("xreadgroup") || cmd.eq_ignore_ascii_case("xread")
+            });
+            (blocked && reading)
+                .then(|| field("id")?.parse().ok())
+                .flatten()
+        })
+        .collect()
 }
 
 pub(super) fn diverged(expected: &[Vec<String>], got: &[Vec<String>]) -> Option<Divergence> {

@@ -1,6 +1,6 @@
 //! Unit tests of the wire runner's pieces that need no test bed.
 
-use super::case::diverged;
+use super::case::{blocked_stream_readers, diverged};
 use crate::runner::link_gate::{passes, uncounted};
 use crate::wire::{RedisReply, Reply, Request, RoundTrip};
 
@@ -11,6 +11,19 @@ fn a_divergence_names_its_step() {
     let divergence = diverged(&recorded, &got).expect("diverged");
     assert_eq!(divergence.step, 1);
     assert!(diverged(&recorded, &recorded).is_none());
+}
+
+#[test]
+fn only_clients_blocked_in_a_stream_read_are_woken() {
+    // Lines as Redis 7 prints them (fields trimmed for length).
+    let clients = "\
+id=7 addr=127.0.0.1:40112 laddr=127.0.0.1:6379 fd=9 name= age=3 idle=0 flags=b db=0 sub=0 psub=0 multi=-1 cmd=xreadgroup user=default
+id=8 addr=127.0.0.1:40114 laddr=127.0.0.1:6379 fd=10 name= age=3 idle=0 flags=N db=0 sub=0 psub=0 multi=-1 cmd=xreadgroup user=default
+id=9 addr=127.0.0.1:40116 laddr=127.0.0.1:6379 fd=11 name= age=3 idle=0 flags=b db=0 sub=0 psub=0 multi=-1 cmd=blpop user=default
+id=10 addr=127.0.0.1:40118 laddr=127.0.0.1:6379 fd=12 name= age=3 idle=0 flags=N db=0 sub=0 psub=0 multi=-1 cmd=client|list user=default
+";
+    assert_eq!(blocked_stream_readers(clients), vec![7]);
+    assert!(blocked_stream_readers("").is_empty());
 }
 
 #[test]
