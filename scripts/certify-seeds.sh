@@ -20,12 +20,25 @@ for seed in $seeds; do
   code=0
   "$racecert" --color never certify "$@" --seed "$seed" --out "$out/$seed" >"$log" 2>&1 || code=$?
   end=$(date +%s.%N)
+  # `--system` prints "(N cases", a "fault coverage" table and "counterexample: case N (fault F)";
+  # the suite table (`--worker-cmd`, the reference suites) prints a row per suite, its
+  # "landed/applied:" line and, for wire schedules, "failure at case N after S s".
   verdict=$(grep -m1 -oE '^(certification|system [^:]+:) [A-Z]+' "$log" | awk '{print $NF}' || true)
   cases=$(grep -m1 -oE '\([0-9]+ case' "$log" | tr -dc '0-9' || true)
   caught=$(grep -m1 -oE 'counterexample: case [0-9]+ \(fault [a-z-]+\)' "$log" | sed 's/counterexample: //' || true)
   broke=$(grep -oE 'violated [a-z-]+' "$log" | awk '{print $2}' | sort -u | paste -sd, - || true)
   coverage=$(sed -n '/^fault coverage/,/^not judged/p' "$log" | grep -vE '^(fault coverage|not judged)' \
     | awk '{printf "%s %s/%s; ", $1, $2, $4}' || true)
+  if [ -z "$cases" ]; then
+    cases=$(awk '/^suite /{t=1;next} /^certification /{t=0} t && /^[a-z]/{n+=$3} END{if(n)print n}' "$log")
+  fi
+  if [ -z "$coverage" ]; then
+    coverage=$(awk '/^[a-z][a-z0-9-]+ /{suite=$1} /landed\/applied:/{sub(/^ *landed\/applied: /,""); printf "%s: %s; ", suite, $0}' "$log")
+  fi
+  if [ -z "$caught" ]; then
+    caught=$(grep -m1 -oE 'failure at case [0-9]+ after [0-9.]+ s, shrunk from [0-9]+ to [0-9]+ step\(s\)' "$log" \
+      | sed 's/failure at //' || true)
+  fi
   printf 'seed %s: exit %s %s, %s case(s), %.1f s, caught by: %s, broke: %s, landed/applied: %s\n' \
     "$seed" "$code" "${verdict:-?}" "${cases:-?}" "$(echo "$end - $start" | bc)" "${caught:--}" \
     "${broke:--}" "$coverage"
