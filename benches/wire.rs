@@ -2,9 +2,10 @@
 //! worker runs at, and, per defect of the Python example, how soon wire schedules find it against
 //! the free-running chaos fleet given the same time.
 //!
-//! `cargo bench --bench wire [-- [LAST [FIRST]] [FLAG..] [--no-rate]]`: seeds FIRST..=LAST (1..=10 by
-//! default), only the defects whose flag is given (`unfenced`, `read-then-write`), without part 1
-//! with `--no-rate`. It prints numbers and asserts nothing:
+//! `cargo bench --bench wire [-- [LAST [FIRST]] [FLAG..] [--no-rate] [--full]]`: seeds FIRST..=LAST
+//! (1..=10 by default), only the defects whose flag is given (`unfenced`, `read-then-write`),
+//! without part 1 with `--no-rate`, part 1 over the default search's whole 90 s (not its first 60
+//! cases) with `--full`. It prints numbers and asserts nothing:
 //! 1. wire schedules per second of the safe Python worker (the default search: depth-2 enumeration,
 //!    depth-3 schedules at the conflict points, then PCT at depth 3), on processes kept from case
 //!    to case;
@@ -36,6 +37,8 @@ struct Plan {
     seeds: std::ops::RangeInclusive<u64>,
     flags: Vec<&'static str>,
     rate: bool,
+    /// Cases of the rate's search (0: the default search's whole time budget).
+    rate_cases: u32,
 }
 
 async fn run(bed: &TestBed, plan: Plan) -> anyhow::Result<()> {
@@ -49,17 +52,26 @@ async fn run(bed: &TestBed, plan: Plan) -> anyhow::Result<()> {
     let python = format!("{} {script}", venv.python().display());
 
     if plan.rate {
-        rate(bed, &python).await?;
+        rate(bed, &python, plan.rate_cases).await?;
     }
     table(bed, &python, &plan).await
 }
 
-async fn rate(bed: &TestBed, python: &str) -> anyhow::Result<()> {
-    println!("\n## 1. wire schedules per second, safe Python worker (2 workers, 1 request)");
+async fn rate(bed: &TestBed, python: &str, cases: u32) -> anyhow::Result<()> {
+    println!(
+        "\n## 1. wire schedules per second, safe Python worker (2 workers, 1 request; {})",
+        if cases > 0 {
+            format!("the first {cases} cases of the default search")
+        } else {
+            "the default search's whole budget, as `certify --worker-cmd` runs it".to_owned()
+        }
+    );
     let settings = WireSettings::pair(python);
     let mut plan = WireSearch::default_for(1);
-    plan.cases = 60;
-    plan.budget = Duration::from_secs(300);
+    if cases > 0 {
+        plan.cases = cases;
+        plan.budget = Duration::from_secs(300);
+    }
     let started = Instant::now();
     // When each case ended, to show where the time goes: most cases are quick, and a few that end
     // with a job left open (its holder crashed or held it) wait for time to pass.
@@ -186,7 +198,20 @@ fn main() -> anyhow::Result<()> {
         seeds: first..=last,
         flags,
         rate: !args.iter().any(|a| a == "--no-rate"),
+        rate_cases: if args.iter().any(|a| a == "--full") {
+            0
+        } else {
+            60
+        },
     };
+    // RUST_LOG=racecert::runner::wire=debug shows each step's and each case end's time.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init();
+    }
     println!("$ cargo bench --bench wire");
     let started = Instant::now();
     let rt = tokio::runtime::Builder::new_multi_thread()

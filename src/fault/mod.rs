@@ -98,6 +98,16 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// The worker this fault aims at, if it aims at one (to rename workers in a schedule).
+    pub fn worker_mut(&mut self) -> Option<&mut usize> {
+        match self {
+            Fault::CrashWorker { worker }
+            | Fault::PauseWorker { worker, .. }
+            | Fault::Framework { worker, .. } => Some(worker),
+            _ => None,
+        }
+    }
+
     /// The kind, for coverage and suite files.
     pub fn kind(&self) -> FaultKind {
         match self {

@@ -23,6 +23,24 @@ pub trait Shrink: Clone {
         let _ = next;
         None
     }
+
+    /// The worker this step names, if any (a fault aimed at one names it too).
+    fn worker_mut(&mut self) -> Option<&mut usize> {
+        None
+    }
+}
+
+/// Swaps two workers' roles wherever a step names one of them.
+fn swap_workers<S: Shrink>(steps: &mut [S], a: usize, b: usize) {
+    for step in steps {
+        if let Some(worker) = step.worker_mut() {
+            if *worker == a {
+                *worker = b;
+            } else if *worker == b {
+                *worker = a;
+            }
+        }
+    }
 }
 
 impl Shrink for Step {
@@ -42,16 +60,33 @@ impl Shrink for Step {
             _ => Vec::new(),
         }
     }
+
+    fn worker_mut(&mut self) -> Option<&mut usize> {
+        match self {
+            Step::Run { worker, .. } | Step::Trips { worker, .. } | Step::Crash { worker } => {
+                Some(worker)
+            }
+            Step::Fault(fault) => fault.worker_mut(),
+        }
+    }
 }
 
 impl Shrink for WireStep {
-    /// A run completes one round trip fewer.
+    /// A run completes half its round trips, or one fewer (halving first: a long run shrinks in
+    /// a few runs, not one per round trip).
     fn simpler(&self) -> Vec<WireStep> {
         match self {
-            WireStep::Run { worker, trips } if *trips > 1 => vec![WireStep::Run {
-                worker: *worker,
-                trips: trips - 1,
-            }],
+            WireStep::Run { worker, trips } if *trips > 1 => {
+                let mut fewer = vec![trips / 2, trips - 1];
+                fewer.dedup();
+                fewer
+                    .into_iter()
+                    .map(|trips| WireStep::Run {
+                        worker: *worker,
+                        trips,
+                    })
+                    .collect()
+            }
             _ => Vec::new(),
         }
     }
@@ -75,6 +110,15 @@ impl Shrink for WireStep {
             _ => None,
         }
     }
+
+    fn worker_mut(&mut self) -> Option<&mut usize> {
+        match self {
+            WireStep::Run { worker, .. }
+            | WireStep::Until { worker, .. }
+            | WireStep::Finish { worker } => Some(worker),
+            WireStep::Fault(fault) => fault.worker_mut(),
+        }
+    }
 }
 
 /// A system case's one step (its framework fault) has nothing simpler.
@@ -82,6 +126,11 @@ impl Shrink for FaultKind {}
 
 /// Smaller variants of `schedule`, smallest first: a step dropped (the last first; never the only
 /// one), a request dropped (ids renumbered), two adjacent steps merged, a step made simpler.
+/// After the drops, when the first worker the steps name is not worker 0, the same schedule with
+/// that worker and worker 0 trading roles: no smaller, but what follows a schedule (the drain
+/// finishes the workers in index order) differs, so a mirror image that needed an extra step to
+/// put its workers in order may then lose it. It only ever moves worker 0 first, so shrinking
+/// still ends.
 pub fn candidates<S: Shrink>(schedule: &Schedule<S>) -> Vec<Schedule<S>> {
     let steps = &schedule.steps;
     let mut out = Vec::new();
@@ -99,6 +148,14 @@ pub fn candidates<S: Shrink>(schedule: &Schedule<S>) -> Vec<Schedule<S>> {
             renumber(&mut smaller.requests);
             out.push(smaller);
         }
+    }
+    let first = steps
+        .iter()
+        .find_map(|step| step.clone().worker_mut().map(|worker| *worker));
+    if let Some(first) = first.filter(|first| *first != 0) {
+        let mut mirrored = schedule.clone();
+        swap_workers(&mut mirrored.steps, 0, first);
+        out.push(mirrored);
     }
     for at in 0..steps.len().saturating_sub(1) {
         if let Some(merged) = steps[at].merge(&steps[at + 1]) {
@@ -229,6 +286,86 @@ mod tests {
                 worker: 0,
                 trips: 1
             }
+        );
+    }
+
+    #[tokio::test]
+    async fn a_mirror_image_trades_worker_roles_and_shrinks_to_the_shortest_schedule() {
+        // The race: the worker that took the job (x) is preempted by an expiry, the other (y)
+        // runs, and x acts again before y does. After the schedule, the drain finishes worker 0
+        // then worker 1.
+        let breaks = |s: &Schedule<WireStep>| {
+            let mut steps = s.steps.clone();
+            steps.extend([
+                WireStep::Finish { worker: 0 },
+                WireStep::Finish { worker: 1 },
+            ]);
+            let worker = |st: &WireStep| st.clone().worker_mut().map(|w| *w);
+            let Some(x) = steps.first().and_then(worker) else {
+                return false;
+            };
+            let Some(expiry) = steps.iter().position(|st| matches!(st, WireStep::Fault(_))) else {
+                return false;
+            };
+            let Some(y_run) = steps[expiry..]
+                .iter()
+                .position(|st| matches!(st, WireStep::Run { worker, .. } if *worker != x))
+            else {
+                return false;
+            };
+            let after: Vec<usize> = steps[expiry + y_run + 1..]
+                .iter()
+                .filter_map(worker)
+                .collect();
+            after.first() == Some(&x)
+        };
+        let mirror = Schedule {
+            requests: vec![request(0)],
+            steps: vec![
+                WireStep::Run {
+                    worker: 1,
+                    trips: 1,
+                },
+                WireStep::Fault(Fault::ExpireLease { request: 0 }),
+                WireStep::Run {
+                    worker: 0,
+                    trips: 1,
+                },
+                WireStep::Finish { worker: 1 },
+            ],
+        };
+        assert!(breaks(&mirror));
+        let target = BTreeSet::from([Invariant::GenerationsIncrease]);
+        let shrunk = shrink(mirror, (), &target, 100, |candidate| async move {
+            let broke = if breaks(&candidate) {
+                BTreeSet::from([Invariant::GenerationsIncrease])
+            } else {
+                BTreeSet::new()
+            };
+            Ok(((), broke))
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            shrunk.schedule.steps,
+            vec![
+                WireStep::Run {
+                    worker: 0,
+                    trips: 1
+                },
+                WireStep::Fault(Fault::ExpireLease { request: 0 }),
+                WireStep::Run {
+                    worker: 1,
+                    trips: 1
+                },
+            ]
+        );
+        // A crash names its worker too, and trades with it.
+        let mut steps = vec![WireStep::Fault(Fault::CrashWorker { worker: 1 })];
+        swap_workers(&mut steps, 0, 1);
+        assert_eq!(
+            steps,
+            vec![WireStep::Fault(Fault::CrashWorker { worker: 0 })]
         );
     }
 

@@ -407,6 +407,14 @@ impl<'b> Case<'b> {
     }
 
     pub(super) async fn step(&mut self, step: &WireStep) -> Result<Vec<String>> {
+        let started = Instant::now();
+        let trips = self.run_step(step).await;
+        // Where a case's time goes (`RUST_LOG=racecert::runner::wire=debug`).
+        tracing::debug!(%step, elapsed_us = started.elapsed().as_micros() as u64, "wire step");
+        trips
+    }
+
+    async fn run_step(&mut self, step: &WireStep) -> Result<Vec<String>> {
         let number = self.steps_run.len() + 1;
         self.recorder.step(number, step.to_string());
         self.steps_run.push(step.clone());
@@ -520,15 +528,22 @@ impl<'b> Case<'b> {
         // Still under the gates, in worker order: each worker finishes what the schedule left
         // in its hands, up to its next queue poll. Only if that leaves a job open (a worker
         // died with it, or waits on another) do the workers run free while time passes.
+        let started = Instant::now();
         self.settle().await?;
         let mut settled = self.open_jobs().await?.is_empty();
-        if !settled {
+        let drained = !settled;
+        if drained {
             for gate in &self.gates {
                 gate.open();
             }
             settled = self.drain(bed).await?;
             self.settle().await?;
         }
+        tracing::debug!(
+            drained,
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "wire case end"
+        );
         // What the queue still holds for the case: a delivery left unacknowledged is never done.
         let mut queue = crate::reference::queue::Queue::over(self.admin.redis.clone(), &self.keys);
         for (key, deliveries) in queue.pending().await? {
