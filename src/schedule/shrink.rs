@@ -244,6 +244,31 @@ mod tests {
         }
     }
 
+    /// Shrinks `failing` with a stand-in runner: a candidate breaks `invariant` when `breaks`.
+    async fn shrink_while(
+        failing: Schedule<WireStep>,
+        invariant: Invariant,
+        breaks: impl Fn(&Schedule<WireStep>) -> bool,
+    ) -> Shrunk<WireStep, ()> {
+        let breaks = &breaks;
+        shrink(
+            failing,
+            (),
+            &BTreeSet::from([invariant]),
+            100,
+            |candidate| async move {
+                let broke = if breaks(&candidate) {
+                    BTreeSet::from([invariant])
+                } else {
+                    BTreeSet::new()
+                };
+                Ok(((), broke))
+            },
+        )
+        .await
+        .unwrap()
+    }
+
     #[test]
     fn candidates_drop_merge_and_simplify_one_change_at_a_time() {
         let schedule = Schedule {
@@ -335,17 +360,7 @@ mod tests {
             ],
         };
         assert!(breaks(&mirror));
-        let target = BTreeSet::from([Invariant::GenerationsIncrease]);
-        let shrunk = shrink(mirror, (), &target, 100, |candidate| async move {
-            let broke = if breaks(&candidate) {
-                BTreeSet::from([Invariant::GenerationsIncrease])
-            } else {
-                BTreeSet::new()
-            };
-            Ok(((), broke))
-        })
-        .await
-        .unwrap();
+        let shrunk = shrink_while(mirror, Invariant::GenerationsIncrease, breaks).await;
         assert_eq!(
             shrunk.schedule.steps,
             vec![
@@ -418,17 +433,7 @@ mod tests {
                 WireStep::Finish { worker: 0 },
             ],
         };
-        let target = BTreeSet::from([Invariant::AtMostOneFinalWrite]);
-        let shrunk = shrink(failing, (), &target, 100, |candidate| async move {
-            let broke = if breaks(&candidate) {
-                BTreeSet::from([Invariant::AtMostOneFinalWrite])
-            } else {
-                BTreeSet::new()
-            };
-            Ok(((), broke))
-        })
-        .await
-        .unwrap();
+        let shrunk = shrink_while(failing, Invariant::AtMostOneFinalWrite, breaks).await;
         assert_eq!(
             shrunk.schedule.steps,
             vec![

@@ -530,13 +530,14 @@ impl<'b> Case<'b> {
         // died with it, or waits on another) do the workers run free while time passes.
         let started = Instant::now();
         self.settle().await?;
-        let mut settled = self.open_jobs().await?.is_empty();
+        let open = self.open_jobs().await?;
+        let mut settled = open.is_empty();
         let drained = !settled;
         if drained {
             for gate in &self.gates {
                 gate.open();
             }
-            settled = self.drain(bed).await?;
+            settled = self.drain(bed, &open).await?;
             self.settle().await?;
         }
         tracing::debug!(
@@ -738,13 +739,13 @@ impl<'b> Case<'b> {
             .collect())
     }
 
-    async fn drain(&mut self, _bed: &TestBed) -> Result<bool> {
+    /// Lets the workers run free until no job is open; `open` are the jobs open at its start.
+    async fn drain(&mut self, _bed: &TestBed, open: &[String]) -> Result<bool> {
         let deadline = Instant::now() + self.settings.drain;
         // The settle already left every live worker at its next queue poll, so a job still open
         // now waits for time to pass (its holder died, or holds it past the schedule): age it at
         // once instead of waiting a quiet period that would only find the same.
-        let open = self.open_jobs().await?;
-        self.expire_open(&open).await?;
+        self.expire_open(open).await?;
         let mut last_expiry = Instant::now();
         loop {
             let open = self.open_jobs().await?;
