@@ -6,9 +6,12 @@
 //! (1..=10 by default), only the defects whose flag is given (`unfenced`, `read-then-write`),
 //! without part 1 with `--no-rate`, part 1 over the default search's whole 90 s (not its first 60
 //! cases) with `--full`. It prints numbers and asserts nothing:
+//! 0. what one start of the Python worker costs, wall and CPU (each case that crashes a worker
+//!    waits for its restart);
 //! 1. wire schedules per second of the safe Python worker (the default search: depth-2 enumeration,
 //!    depth-3 schedules at the conflict points, then PCT at depth 3), on processes kept from case
-//!    to case;
+//!    to case, and of the same search on the reference worker (`racecert worker`), which starts
+//!    in milliseconds: the harness's own rate;
 //! 2. per defect (`--read-then-write`, `--unfenced`) and seed: cases and seconds to the first
 //!    failing wire case, the shrunk schedule's length, and whether its file replays with the same
 //!    violation 10 times out of 10;
@@ -52,27 +55,81 @@ async fn run(bed: &TestBed, plan: Plan) -> anyhow::Result<()> {
     let python = format!("{} {script}", venv.python().display());
 
     if plan.rate {
-        rate(bed, &python, plan.rate_cases).await?;
+        python_start(&venv.python(), std::path::Path::new(script))?;
+        rate(bed, "safe Python worker", &python, plan.rate_cases).await?;
+        // The same search on a worker that starts in milliseconds: what the harness itself runs
+        // at, apart from the worker's start.
+        let reference = format!("{} worker", env!("CARGO_BIN_EXE_racecert"));
+        rate(
+            bed,
+            "reference worker (`racecert worker`, Rust)",
+            &reference,
+            plan.rate_cases,
+        )
+        .await?;
     }
     table(bed, &python, &plan).await
 }
 
-async fn rate(bed: &TestBed, python: &str, cases: u32) -> anyhow::Result<()> {
+/// What one start of the Python worker costs, which every case that crashes a worker waits for
+/// (its restart): wall and CPU time of `worker.py --help` (every import, then argparse exits),
+/// over 5 starts.
+fn python_start(python: &std::path::Path, script: &std::path::Path) -> anyhow::Result<()> {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let cpu = || -> anyhow::Result<f64> {
+        let usage = getrusage(UsageWho::RUSAGE_CHILDREN)?;
+        let seconds = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+        Ok(seconds(usage.user_time()) + seconds(usage.system_time()))
+    };
+    const STARTS: u32 = 5;
+    let (cpu_before, started) = (cpu()?, Instant::now());
+    for _ in 0..STARTS {
+        let status = std::process::Command::new(python)
+            .arg(script)
+            .arg("--help")
+            .stdout(std::process::Stdio::null())
+            .status()?;
+        anyhow::ensure!(status.success(), "{} --help: {status}", script.display());
+    }
     println!(
-        "\n## 1. wire schedules per second, safe Python worker (2 workers, 1 request; {})",
+        "\n## 0. one start of the Python worker (its imports; {STARTS} starts): {:.0} ms wall, {:.0} ms CPU",
+        started.elapsed().as_secs_f64() * 1e3 / f64::from(STARTS),
+        (cpu()? - cpu_before) * 1e3 / f64::from(STARTS)
+    );
+    Ok(())
+}
+
+/// The machine's CPU time so far, busy and idle, in clock ticks (the first line of /proc/stat).
+fn machine_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    let at = |i: usize| ticks.get(i).copied().unwrap_or(0);
+    // user nice system idle iowait irq softirq steal
+    Some((at(0) + at(1) + at(2) + at(5) + at(6) + at(7), at(3) + at(4)))
+}
+
+async fn rate(bed: &TestBed, worker: &str, command: &str, cases: u32) -> anyhow::Result<()> {
+    println!(
+        "\n## 1. wire schedules per second, {worker} (2 workers, 1 request; {})",
         if cases > 0 {
             format!("the first {cases} cases of the default search")
         } else {
             "the default search's whole budget, as `certify --worker-cmd` runs it".to_owned()
         }
     );
-    let settings = WireSettings::pair(python);
+    let settings = WireSettings::pair(command);
     let mut plan = WireSearch::default_for(1);
     if cases > 0 {
         plan.cases = cases;
         plan.budget = Duration::from_secs(300);
     }
-    let started = Instant::now();
+    let (started, ticks) = (Instant::now(), machine_ticks());
     // When each case ended, to show where the time goes: most cases are quick, and a few that end
     // with a job left open (its holder crashed or held it) wait for time to pass.
     let ends = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
@@ -85,13 +142,30 @@ async fn rate(bed: &TestBed, python: &str, cases: u32) -> anyhow::Result<()> {
     };
     let wall = started.elapsed();
     println!(
-        "{} cases in {:.1} s (search {:.1} s, with process start): {:.1} schedules/s; failures: {}",
+        "{} cases in {:.1} s (search {:.1} s, with process start): {:.1} schedules/s; {} crashed a worker; failures: {}",
         report.cases_run,
         wall.as_secs_f64(),
         report.elapsed.as_secs_f64(),
         f64::from(report.cases_run) / report.elapsed.as_secs_f64(),
+        report
+            .coverage
+            .faults
+            .get(&racecert::fault::FaultKind::WorkerCrash)
+            .map_or(0, |(applied, _)| *applied),
         report.found.is_some()
     );
+    // How busy the whole machine was (workers, Redis, Postgres, the harness): how much of the
+    // cores a faster search could still use.
+    if let (Some((busy0, idle0)), Some((busy1, idle1))) = (ticks, machine_ticks()) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let share = (busy1 - busy0) as f64 / ((busy1 - busy0) + (idle1 - idle0)).max(1) as f64;
+        println!(
+            "machine busy over those {:.1} s: {:.2} of {cores} cores ({:.1} CPU-s)",
+            wall.as_secs_f64(),
+            share * cores,
+            share * cores * wall.as_secs_f64()
+        );
+    }
     let ends = ends.lock().expect("case clock");
     let mut durations: Vec<Duration> = ends.windows(2).map(|w| w[1] - w[0]).collect();
     durations.sort();
@@ -107,8 +181,8 @@ async fn rate(bed: &TestBed, python: &str, cases: u32) -> anyhow::Result<()> {
             durations[durations.len() * 9 / 10].as_secs_f64() * 1e3,
             max.as_secs_f64() * 1e3,
             slow.len(),
-            slow.iter().map(|d| d.as_secs_f64()).sum::<f64>(),
-            durations.iter().map(|d| d.as_secs_f64()).sum::<f64>(),
+            slow.into_iter().sum::<Duration>().as_secs_f64(),
+            durations.iter().sum::<Duration>().as_secs_f64(),
         );
     }
     Ok(())
