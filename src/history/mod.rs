@@ -421,6 +421,23 @@ impl Recorder {
     pub fn events(&self) -> Vec<Event> {
         self.inner.lock().expect("poisoned").events.clone()
     }
+
+    /// How many events are recorded.
+    pub fn len(&self) -> usize {
+        self.inner.lock().expect("poisoned").events.len()
+    }
+
+    /// Whether nothing is recorded yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The events from the `from`-th on (a case among many on one recorder: copying only its
+    /// own keeps each case as cheap as the first).
+    pub fn events_since(&self, from: usize) -> Vec<Event> {
+        let state = self.inner.lock().expect("poisoned");
+        state.events.get(from..).unwrap_or_default().to_vec()
+    }
 }
 
 /// A request the run submitted.
@@ -481,7 +498,27 @@ pub async fn collect(
     requests: Vec<SubmittedRequest>,
     connections: BTreeMap<i32, String>,
 ) -> Result<History> {
-    let (audit, jobs) = read_rows(pg, prefix).await?;
+    let rows = read_rows(pg, prefix).await?;
+    Ok(assemble(
+        rows,
+        journal,
+        prefix,
+        events,
+        requests,
+        connections,
+    ))
+}
+
+/// [`collect`] with the rows already read (a runner whose cases share a prefix reads only its
+/// case's keys: [`read_rows_of`]).
+pub fn assemble(
+    (audit, jobs): (Vec<AuditRow>, Vec<JobRow>),
+    journal: Vec<JournalEntry>,
+    prefix: &str,
+    events: Vec<Event>,
+    requests: Vec<SubmittedRequest>,
+    connections: BTreeMap<i32, String>,
+) -> History {
     let mut history = History {
         events,
         audit,
@@ -498,33 +535,60 @@ pub async fn collect(
         epoch_unix_ms: None,
     };
     history.attribute_writers();
-    Ok(history)
+    history
 }
 
 /// Reads the audit trail and the job rows of the keys under `prefix` in one statement (one round
 /// trip, one snapshot): every case ends with this read, and a round trip is what a case costs.
 pub async fn read_rows(pg: &PgPool, prefix: &str) -> Result<(Vec<AuditRow>, Vec<JobRow>)> {
+    let pattern = format!("{}%", like_escape(prefix));
+    read_rows_where(pg, "idempotency_key LIKE $1", pattern, prefix).await
+}
+
+/// [`read_rows`] of these keys only: the rows of one case among the many a prefix gathers over a
+/// search (reading them all would make every case slower than the one before).
+pub async fn read_rows_of(pg: &PgPool, keys: &[String]) -> Result<(Vec<AuditRow>, Vec<JobRow>)> {
+    read_rows_where(
+        pg,
+        "idempotency_key = ANY($1)",
+        keys.to_vec(),
+        "the case's keys",
+    )
+    .await
+}
+
+async fn read_rows_where<T>(
+    pg: &PgPool,
+    filter: &str,
+    value: T,
+    of: &str,
+) -> Result<(Vec<AuditRow>, Vec<JobRow>)>
+where
+    T: for<'q> sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send,
+{
     // The job rows' table first: tables are locked in the order the statement names them, and
     // every writer and the schema take the jobs table before the audit table (schema.sql).
-    let (jobs, audit): (String, String) = sqlx::query_as(
+    let statement = format!(
         "SELECT
             (SELECT coalesce(json_agg(j ORDER BY j.idempotency_key), '[]')::text FROM (
                 SELECT idempotency_key, request_id, status, generation, model_version, output,
                        lease_token, worker_id
-                FROM inference_jobs WHERE idempotency_key LIKE $1) j),
+                FROM inference_jobs WHERE {filter}) j),
             (SELECT coalesce(json_agg(a ORDER BY a.audit_id), '[]')::text FROM (
                 SELECT audit_id, idempotency_key, operation, old_status, new_status,
                        old_generation, new_generation, old_model_version, new_model_version,
                        old_lease_token, new_lease_token, worker_id, attempt, output, txid,
                        backend_pid,
                        (extract(epoch FROM recorded_at) * 1000000)::bigint AS recorded_us
-                FROM inference_jobs_audit WHERE idempotency_key LIKE $1) a)",
-    )
-    .bind(format!("{}%", like_escape(prefix)))
-    .fetch_one(pg)
-    .await?;
+                FROM inference_jobs_audit WHERE {filter}) a)"
+    );
+    // `filter` is one of this module's two constants; the values are bound.
+    let (jobs, audit): (String, String) = sqlx::query_as(sqlx::AssertSqlSafe(statement))
+        .bind(value)
+        .fetch_one(pg)
+        .await?;
     let parse = |what: &str, err: serde_json::Error| {
-        crate::Error::other(format!("reading the {what} of {prefix:?}: {err}"))
+        crate::Error::other(format!("reading the {what} of {of:?}: {err}"))
     };
     Ok((
         serde_json::from_str(&audit).map_err(|e| parse("audit trail", e))?,
@@ -697,5 +761,26 @@ impl History {
             .iter()
             .find(|j| j.idempotency_key == idempotency_key)
             .map(|j| j.request_id.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_case_reads_only_the_events_recorded_since_it_began() {
+        let recorder = Recorder::new();
+        recorder.observe(Observation::Draining);
+        let from = recorder.len();
+        recorder.observe(Observation::Drained { settled: true });
+        let since = recorder.events_since(from);
+        assert_eq!(since.len(), 1);
+        assert!(matches!(
+            since[0].kind,
+            EventKind::Harness(Observation::Drained { settled: true })
+        ));
+        assert!(recorder.events_since(recorder.len() + 5).is_empty());
+        assert_eq!(recorder.events().len(), 2);
     }
 }

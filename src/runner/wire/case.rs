@@ -221,7 +221,7 @@ impl<'b> Case<'b> {
     pub(super) async fn begin(&mut self, requests: &[RequestSpec]) -> Result<()> {
         self.cases += 1;
         self.started = Instant::now();
-        self.events_from = self.recorder.events().len();
+        self.events_from = self.recorder.len();
         self.trace.clear();
         self.steps_run.clear();
         self.submitted.clear();
@@ -554,29 +554,26 @@ impl<'b> Case<'b> {
             }
         }
         self.recorder.observe(Observation::Drained { settled });
-        let keys: std::collections::HashSet<String> = self
+        let keys: Vec<String> = self
             .submitted
             .iter()
             .map(|r| r.idempotency_key.clone())
             .collect();
-        let events = self.recorder.events().split_off(self.events_from);
-        let mut history = crate::history::collect(
+        // Only this case's events and rows: the processes' recorder and key prefix gather every
+        // case's, and reading them all would make each case slower than the one before.
+        let judged = Instant::now();
+        let events = self.recorder.events_since(self.events_from);
+        let rows = crate::history::read_rows_of(&self.admin.pg, &keys).await?;
+        let mut history = crate::history::assemble(
+            rows,
             bed.take_journals(self.keys.prefix()),
-            &self.admin.pg,
             self.keys.prefix(),
             events,
             self.submitted.clone(),
             self.plane.connections(),
-        )
-        .await?;
+        );
         history.epoch_unix_ms = Some(self.recorder.started_unix_ms());
         history.wire_origin_ms = Some(self.recorder.offset_of(bed.wire_origin()));
-        history
-            .audit
-            .retain(|row| keys.contains(&row.idempotency_key));
-        history
-            .jobs
-            .retain(|job| keys.contains(&job.idempotency_key));
         history.journal.retain(|entry| {
             entry
                 .request
@@ -597,6 +594,7 @@ impl<'b> Case<'b> {
                 .cloned(),
         );
         let outputs = self.plane.workers.outputs.lock().expect("poisoned").clone();
+        let collected = judged.elapsed();
         let outcome = Outcome {
             schedule,
             case: CaseResult::judge(history, &self.settings.invariants),
@@ -607,6 +605,12 @@ impl<'b> Case<'b> {
             outputs,
             elapsed: self.started.elapsed(),
         };
+        tracing::debug!(
+            events = outcome.case.history.events.len(),
+            collected_us = collected.as_micros() as u64,
+            elapsed_us = judged.elapsed().as_micros() as u64,
+            "wire case judged"
+        );
         self.clean().await?;
         Ok(outcome)
     }

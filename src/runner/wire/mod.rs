@@ -217,8 +217,11 @@ async fn pct_on(
     let mut steps: Vec<WireStep> = Vec::new();
     let mut counted = 0u32;
     let mut run: Option<(usize, u32, Vec<String>)> = None;
+    // Where a PCT case's time goes (`RUST_LOG=racecert::runner::wire=debug`): choosing, releasing.
+    let (mut choosing, mut releasing, mut decisions) = (Duration::ZERO, Duration::ZERO, 0u32);
     let result: Result<()> = async {
         while counted < plan.bound() {
+            let decided = std::time::Instant::now();
             if crate::interrupt::requested().is_some() {
                 break;
             }
@@ -232,14 +235,19 @@ async fn pct_on(
                     break;
                 }
             }
+            choosing += decided.elapsed();
             let Some(worker) = chosen else { break };
+            decisions += 1;
             if run.as_ref().is_some_and(|(w, _, _)| *w != worker) {
                 let (w, trips, prints) = run.take().expect("run");
                 let step = WireStep::Run { worker: w, trips };
                 steps.push(step.clone());
                 case.record_generated(step, prints);
             }
-            if let Released::Trips(prints) = case.release(worker).await {
+            let released = std::time::Instant::now();
+            let outcome = case.release(worker).await;
+            releasing += released.elapsed();
+            if let Released::Trips(prints) = outcome {
                 counted += 1;
                 let entry = run.get_or_insert((worker, 0, Vec::new()));
                 entry.1 += 1;
@@ -266,6 +274,13 @@ async fn pct_on(
         Ok(())
     }
     .await;
+    tracing::debug!(
+        decisions,
+        counted,
+        choosing_us = choosing.as_micros() as u64,
+        releasing_us = releasing.as_micros() as u64,
+        "wire pct case"
+    );
     let requests = requests.to_vec();
     let outcome = case.finish(bed, Schedule { requests, steps }, None).await?;
     result.map(|()| outcome)
@@ -299,12 +314,18 @@ impl Runner for WireRunner<'_> {
     fn run(&self, planned: Planned<WireStep>) -> BoxFuture<'_, Result<WireOutcome>> {
         async move {
             let mut case = self.case.lock().await;
-            match planned {
+            let started = std::time::Instant::now();
+            let outcome = match planned {
                 Planned::Fixed(schedule) => run_on(&mut case, self.bed, &schedule, None).await,
                 Planned::Pct { requests, plan } => {
                     pct_on(&mut case, self.bed, &requests, &plan).await
                 }
-            }
+            };
+            tracing::debug!(
+                elapsed_us = started.elapsed().as_micros() as u64,
+                "wire case"
+            );
+            outcome
         }
         .boxed()
     }
