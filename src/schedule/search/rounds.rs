@@ -153,6 +153,20 @@ pub fn depth_two(workers: usize, steps: u32, requests: &[RequestSpec]) -> Vec<Sc
     out
 }
 
+/// A schedule that starts by running one worker: how many round trips, and the schedule with that
+/// count taken out (its shape: the same preemption at another point).
+fn run_shape(schedule: &Schedule<WireStep>) -> Option<(u32, Schedule<WireStep>)> {
+    let Some(WireStep::Run { worker, trips }) = schedule.steps.first() else {
+        return None;
+    };
+    let mut shape = schedule.clone();
+    shape.steps[0] = WireStep::Run {
+        worker: *worker,
+        trips: 0,
+    };
+    Some((*trips, shape))
+}
+
 /// The fault a depth-bounded schedule applies, if any (what round-robin ordering groups by).
 fn fault_of(schedule: &Schedule<WireStep>) -> Option<crate::fault::FaultKind> {
     schedule.steps.iter().find_map(|step| match step {
@@ -287,6 +301,8 @@ impl Rounds {
 /// seeded order, round-robin over the faults at the preemption point (a lease expiry, a kill of
 /// the preempted worker, then nothing: with nothing expired, the other worker has no delivery to
 /// take and a plain preemption changes little), so every fault kind lands early in the budget.
+/// A schedule that would repeat a case already run is skipped: its first worker told to run past
+/// where it stops (its job done), in a shape that already came short.
 #[derive(Debug)]
 pub struct RoundSource {
     rounds: Rounds,
@@ -297,6 +313,12 @@ pub struct RoundSource {
     job: Vec<String>,
     /// The depth-3 enumeration, once planned.
     third: Option<std::vec::IntoIter<Schedule<WireStep>>>,
+    /// Shapes of schedules whose first run came short: the worker stopped (its job done, idle at
+    /// its poll) before its count. Every count past the longest run seen stops there too, so
+    /// those schedules repeat one already run and are skipped.
+    ran_short: std::collections::HashSet<Schedule<WireStep>>,
+    /// Schedules skipped so far.
+    skipped: u32,
     rng: StdRng,
 }
 
@@ -338,8 +360,24 @@ impl RoundSource {
             rounds,
             job: Vec::new(),
             third: None,
+            ran_short: std::collections::HashSet::new(),
+            skipped: 0,
             rng,
         }
+    }
+
+    /// Whether `schedule` runs its first worker past where that worker stops: a count beyond the
+    /// longest run seen, in a shape that has already come short (partial-order reduction: the
+    /// same interleaving, the same fault at the same point, as a case already run).
+    fn repeats_a_short_run(&self, schedule: &Schedule<WireStep>) -> bool {
+        run_shape(schedule).is_some_and(|(trips, shape)| {
+            trips as usize > self.job.len() && self.ran_short.contains(&shape)
+        })
+    }
+
+    /// Enumerated schedules skipped as repeats of cases already run.
+    pub fn skipped(&self) -> u32 {
+        self.skipped
     }
 }
 
@@ -352,13 +390,21 @@ impl Source<WireStep> for RoundSource {
         self.rounds.cases as usize
     }
 
-    /// Learns the round trips of a job: the longest first run of a worker seen so far.
+    /// Learns the round trips of a job (the longest first run of a worker seen so far), and
+    /// which shapes' first runs came short of their count.
     fn observe(&mut self, _case: usize, outcome: &super::Outcome<WireStep>) {
-        if let (Some(WireStep::Run { .. }), Some(first)) =
-            (outcome.schedule.steps.first(), outcome.trace.first())
-            && first.len() > self.job.len()
-        {
+        let (Some((trips, shape)), Some(first)) =
+            (run_shape(&outcome.schedule), outcome.trace.first())
+        else {
+            return;
+        };
+        if first.len() > self.job.len() {
             self.job = first.clone();
+        }
+        // Fewer fingerprints than releases asked for: fewer releases ran (one release is one
+        // round trip or more).
+        if (first.len() as u32) < trips {
+            self.ran_short.insert(shape);
         }
     }
 
@@ -367,7 +413,12 @@ impl Source<WireStep> for RoundSource {
         case: usize,
         _corpus: &Corpus<WireStep>,
     ) -> Result<Option<(Case<WireStep>, Origin)>> {
-        if let Some(schedule) = self.enumerated.next() {
+        while let Some(schedule) = self.enumerated.next() {
+            if self.repeats_a_short_run(&schedule) {
+                self.skipped += 1;
+                tracing::debug!(%schedule, "skipped: repeats a case already run");
+                continue;
+            }
             return Ok(Some((
                 Case::Fixed(schedule),
                 Origin::Generated { index: case },
@@ -420,6 +471,74 @@ mod tests {
         let unique: std::collections::HashSet<_> = all.iter().collect();
         assert_eq!(unique.len(), all.len());
         assert!(all.iter().all(|s| s.steps.len() <= 4));
+    }
+
+    #[test]
+    fn counts_past_where_a_worker_stopped_are_skipped_once_their_shape_came_short() {
+        let rounds = Rounds {
+            seed: 7,
+            cases: u32::MAX,
+            requests: 1,
+            depth_two_steps: 6,
+            pct: Pct::default(),
+            workers: 2,
+            depth_three: false,
+        };
+        let corpus = super::super::corpus::Corpus::default();
+        // Every case's first run does at most 3 round trips (the job's length), as a worker
+        // whose job ends after 3 does.
+        let job = |trips: u32| -> Vec<String> {
+            (0..trips.min(3))
+                .map(|i| format!("redis SET k{i}"))
+                .collect()
+        };
+        let mut source = RoundSource::new(rounds.clone());
+        let mut run = Vec::new();
+        let mut case = 0;
+        while let Some((Case::Fixed(schedule), _)) = source.case(case, &corpus).unwrap() {
+            let Some((trips, _)) = run_shape(&schedule) else {
+                break;
+            };
+            let outcome = super::super::Outcome::of(
+                schedule.clone(),
+                crate::check::CaseResult::judge(crate::history::History::default(), &[]),
+                std::time::Duration::ZERO,
+            );
+            source.observe(
+                case,
+                &super::super::Outcome {
+                    trace: vec![job(trips)],
+                    ..outcome
+                },
+            );
+            run.push(schedule);
+            case += 1;
+        }
+        let all = depth_two(2, 6, &rounds.request_specs());
+        // Per shape (3 faults x 2 ordered pairs), counts 1-3 run, and of 4-6 only those met
+        // before a count past 3 came short; the rest are skipped.
+        assert_eq!(run.len() as u32 + source.skipped(), all.len() as u32);
+        assert!(source.skipped() > 0);
+        let shapes: std::collections::HashSet<Schedule<WireStep>> = all
+            .iter()
+            .filter_map(|s| run_shape(s).map(|(_, shape)| shape))
+            .collect();
+        for shape in shapes {
+            let counts: Vec<u32> = run
+                .iter()
+                .filter_map(run_shape)
+                .filter(|(_, s)| *s == shape)
+                .map(|(trips, _)| trips)
+                .collect();
+            for trips in 1..=3 {
+                assert!(counts.contains(&trips), "{shape}: count {trips} must run");
+            }
+            assert_eq!(
+                counts.iter().filter(|trips| **trips > 3).count(),
+                1,
+                "{shape}: one count past the job's end runs, the others repeat it: {counts:?}"
+            );
+        }
     }
 
     #[test]
