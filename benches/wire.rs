@@ -291,6 +291,8 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    // Ctrl-C or SIGTERM stops the search after its case and cleans up (processes, containers).
+    rt.block_on(async { racecert::cli::stop_on_signals() })?;
     let bed = rt.block_on(TestBed::builder().start())?;
     println!("test bed up in {:.2?}", bed.startup_time());
     let outcome = rt.block_on(run(&bed, plan));

@@ -45,13 +45,19 @@ pub async fn env_up() -> Result<ExitCode> {
     Ok(interrupted_code())
 }
 
-/// `racecert clean`: containers of killed runs removed (`all`: of live runs too).
+/// `racecert clean`: containers of killed runs removed (`all`: of live runs too), and the worker
+/// processes of killed runs killed.
 pub async fn clean(all: bool) -> Result<ExitCode> {
-    let removed = tokio::task::spawn_blocking(move || reaper::reap(all))
-        .await
-        .map_err(|err| Error::other(format!("clean-up task: {err}")))??;
+    let (removed, killed) = tokio::task::spawn_blocking(move || {
+        Ok::<_, Error>((reaper::reap(all)?, reaper::reap_processes()))
+    })
+    .await
+    .map_err(|err| Error::other(format!("clean-up task: {err}")))??;
     if removed.is_empty() {
         println!("no leftover racecert containers");
+    }
+    for pid in killed {
+        println!("killed worker process {pid} (its run is gone)");
     }
     for container in removed {
         println!(

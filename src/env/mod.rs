@@ -389,6 +389,10 @@ impl TestBed {
             let config = image_config.clone();
             tokio::task::spawn_blocking(move || -> Result<()> {
                 reaper::reap(false)?;
+                let killed = reaper::reap_processes();
+                if !killed.is_empty() {
+                    tracing::info!(?killed, "killed worker processes a killed run left");
+                }
                 images::ensure_images(&config, &wanted, false)?;
                 Ok(())
             })

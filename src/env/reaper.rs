@@ -18,6 +18,10 @@ pub const OWNER_BOOT_LABEL: &str = "racecert.owner.boot";
 /// Which service the container runs.
 pub const SERVICE_LABEL: &str = "racecert.service";
 
+/// The environment variable of every worker process racecert starts: its owner
+/// (`pid:start:boot`), so the next start finds the processes a killed run left behind.
+pub const OWNER_ENV: &str = "RACECERT_OWNER";
+
 /// Identity of a process as the reaper sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Owner {
@@ -45,6 +49,20 @@ impl Owner {
         self.boot == boot_id() && process_start(self.pid).is_some_and(|start| start == self.start)
     }
 
+    /// The owner as a worker process's environment carries it ([`OWNER_ENV`]).
+    pub fn env_value(&self) -> String {
+        format!("{}:{}:{}", self.pid, self.start, self.boot)
+    }
+
+    fn parse(value: &str) -> Option<Owner> {
+        let mut parts = value.splitn(3, ':');
+        Some(Owner {
+            pid: parts.next()?.parse().ok()?,
+            start: parts.next()?.to_owned(),
+            boot: parts.next()?.to_owned(),
+        })
+    }
+
     /// The labels to put on a container owned by this process.
     pub fn labels(&self, service: &str) -> Vec<(String, String)> {
         vec![
@@ -57,19 +75,73 @@ impl Owner {
     }
 }
 
+/// The start time of a running process (a zombie, killed and not yet waited for, is gone).
 fn process_start(pid: u32) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may contain spaces and parentheses: fields resume after the
     // last ')'.
     let after_comm = &stat[stat.rfind(')')? + 1..];
-    // after_comm starts at field 3; the start time is field 22.
-    after_comm.split_whitespace().nth(19).map(str::to_owned)
+    // after_comm starts at field 3 (the state); the start time is field 22.
+    let mut fields = after_comm.split_whitespace();
+    if fields.next()? == "Z" {
+        return None;
+    }
+    fields.nth(18).map(str::to_owned)
 }
 
 fn boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|id| id.trim().to_owned())
         .unwrap_or_default()
+}
+
+/// Kills the worker processes (with their process groups: a framework's forked children too)
+/// whose owner is gone: a run killed with SIGKILL, or one that exited at once on a second signal,
+/// leaves its workers polling services that are gone. Returns the pids killed.
+pub fn reap_processes() -> Vec<u32> {
+    use nix::sys::signal::{Signal, kill, killpg};
+    use nix::unistd::{Pid, getpgid};
+    let mut killed = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return killed;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // Another user's processes, and zombies, have no readable environment: not ours.
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        let Some(owner) = owner_in(&environ) else {
+            continue;
+        };
+        if owner.is_alive() {
+            continue;
+        }
+        let target = Pid::from_raw(pid as i32);
+        let _ = if getpgid(Some(target)).ok() == Some(target) {
+            killpg(target, Signal::SIGKILL)
+        } else {
+            kill(target, Signal::SIGKILL)
+        };
+        killed.push(pid);
+    }
+    killed
+}
+
+/// The owner named in a process's environment (`/proc/PID/environ`: NUL-separated).
+fn owner_in(environ: &[u8]) -> Option<Owner> {
+    let prefix = format!("{OWNER_ENV}=");
+    environ
+        .split(|byte| *byte == 0)
+        .find_map(|var| var.strip_prefix(prefix.as_bytes()))
+        .and_then(|value| std::str::from_utf8(value).ok())
+        .and_then(Owner::parse)
 }
 
 /// A racecert container as listed by the engine.
@@ -190,6 +262,54 @@ mod tests {
             !only_removals_under_way(""),
             "a failure with no message is a failure"
         );
+    }
+
+    #[test]
+    fn a_worker_of_a_gone_owner_is_reaped_and_one_of_a_live_owner_is_not() {
+        use std::os::unix::process::CommandExt;
+        let live = Owner::current();
+        assert_eq!(Owner::parse(&live.env_value()), Some(live.clone()));
+        let environ = |owner: &Owner| {
+            format!("PATH=/bin\0{OWNER_ENV}={}\0HOME=/root\0", owner.env_value()).into_bytes()
+        };
+        assert_eq!(owner_in(&environ(&live)), Some(live.clone()));
+        assert_eq!(owner_in(b"PATH=/bin\0HOME=/root\0"), None);
+        let gone = Owner {
+            start: "1".into(),
+            ..live.clone()
+        };
+        let spawn = |owner: &Owner| {
+            std::process::Command::new("sleep")
+                .arg("60")
+                .env(OWNER_ENV, owner.env_value())
+                .process_group(0)
+                .spawn()
+                .expect("sleep")
+        };
+        let (mut orphan, mut kept) = (spawn(&gone), spawn(&live));
+        // Until it has exec'd, a child's environment is still its parent's.
+        for child in [&orphan, &kept] {
+            let environ = format!("/proc/{}/environ", child.id());
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while std::fs::read(&environ)
+                .ok()
+                .and_then(|e| owner_in(&e))
+                .is_none()
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        let reaped = reap_processes();
+        assert!(reaped.contains(&orphan.id()), "{reaped:?}");
+        assert!(!reaped.contains(&kept.id()));
+        assert!(orphan.wait().is_ok());
+        assert!(
+            kept.try_wait().expect("kept").is_none(),
+            "a live owner's worker stays"
+        );
+        let _ = kept.kill();
+        let _ = kept.wait();
     }
 
     #[test]

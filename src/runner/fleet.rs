@@ -198,6 +198,11 @@ impl Processes {
             // exec: the worker itself is the child, so waiting on it waits on the worker.
             .arg(format!("exec {}", self.command))
             .envs(env.vars())
+            // Its owner: the next start reaps it if this run is killed before it can.
+            .env(
+                crate::env::reaper::OWNER_ENV,
+                crate::env::reaper::Owner::current().env_value(),
+            )
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())

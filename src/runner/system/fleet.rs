@@ -118,6 +118,11 @@ impl Fleet<'_> {
                     .iter()
                     .map(|(k, v)| (k.as_str(), v.as_str())),
             )
+            // Its owner: the next start reaps it if this run is killed before it can.
+            .env(
+                crate::env::reaper::OWNER_ENV,
+                crate::env::reaper::Owner::current().env_value(),
+            )
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
