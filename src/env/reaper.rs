@@ -1,7 +1,8 @@
 //! Container ownership labels and the reaper. Every container racecert starts carries labels that
-//! name its owner process (pid, process start time, boot id). Drop removes containers normally;
-//! a run killed with SIGKILL skips Drop, so the next test bed reaps every racecert container
-//! whose owner is gone, and `racecert clean` does the same on demand.
+//! name its owner process (pid, process start time, boot id), and every worker process carries
+//! the same in its environment (`RACECERT_OWNER`). Drop removes containers and kills workers
+//! normally; a run killed with SIGKILL skips Drop, so the next test bed reaps every racecert
+//! container and worker process whose owner is gone, and `racecert clean` does the same on demand.
 
 use crate::Result;
 use crate::env::images::docker;
