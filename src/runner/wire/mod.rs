@@ -314,18 +314,12 @@ impl Runner for WireRunner<'_> {
     fn run(&self, planned: Planned<WireStep>) -> BoxFuture<'_, Result<WireOutcome>> {
         async move {
             let mut case = self.case.lock().await;
-            let started = std::time::Instant::now();
-            let outcome = match planned {
+            match planned {
                 Planned::Fixed(schedule) => run_on(&mut case, self.bed, &schedule, None).await,
                 Planned::Pct { requests, plan } => {
                     pct_on(&mut case, self.bed, &requests, &plan).await
                 }
-            };
-            tracing::debug!(
-                elapsed_us = started.elapsed().as_micros() as u64,
-                "wire case"
-            );
-            outcome
+            }
         }
         .boxed()
     }
