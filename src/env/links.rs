@@ -229,7 +229,7 @@ impl Holder for RouteHolder {
         conn: u64,
         first: u64,
         requests: &[Request],
-    ) -> Option<BoxFuture<'static, ()>> {
+    ) -> Option<BoxFuture<'static, crate::wire::Release>> {
         let holder = self.route.holder.read().expect("poisoned").clone();
         holder.and_then(|holder| holder.before(link, conn, first, requests))
     }

@@ -22,6 +22,7 @@ use crate::history::{EventKind, Observation, Recorder, read_jobs};
 use crate::reference::Pipeline;
 use crate::reference::process::WorkerEnv;
 use crate::runner::arrivals::Arrivals;
+use crate::runner::link_gate::Standby;
 use crate::runner::plane::{BackendControl, CasePlane, Services, WorkerLink, Workers};
 use crate::schedule::WorkerSpec;
 use crate::{Error, Result};
@@ -175,13 +176,33 @@ pub(crate) struct Processes {
     pub(crate) readers: Vec<tokio::task::JoinHandle<()>>,
     /// Draws when a paused worker wakes (seeded with the run).
     pub(crate) wake: StdRng,
+    /// Whether a crashed process is restarted at once, as a supervisor would (the fleet); the
+    /// wire runner replaces it itself, with a process started ahead.
+    pub(crate) restart_crashed: bool,
 }
 
 impl Processes {
+    /// Starts worker `index` of `spec`, through the links of `env[index]`.
     pub(crate) fn start(&mut self, index: usize, spec: &WorkerSpec) -> Result<Proc> {
+        let proc = self.launch(index, spec, None)?;
+        self.recorder.observe(Observation::WorkerStarted {
+            worker: spec.id.clone(),
+            version: spec.version.clone(),
+        });
+        Ok(proc)
+    }
+
+    /// Starts a process of `spec` through the links of `env[env_index]`; one on `standby` keeps
+    /// its log lines back (and its start is observed when it goes live, by its starter).
+    pub(crate) fn launch(
+        &mut self,
+        env_index: usize,
+        spec: &WorkerSpec,
+        standby: Option<Arc<Standby>>,
+    ) -> Result<Proc> {
         let env = self
             .env
-            .get(index)
+            .get(env_index)
             .and_then(|by_version| by_version.get(&spec.version))
             .cloned()
             .ok_or_else(|| Error::Config(format!("no backend for version {}", spec.version)))?;
@@ -223,7 +244,10 @@ impl Processes {
                     if let Ok(parsed) = parse_line(&line)
                         && parsed.get("worker_id").is_some()
                     {
-                        recorder.line(parsed);
+                        match &standby {
+                            Some(standby) => standby.line(&recorder, parsed),
+                            None => recorder.line(parsed),
+                        }
                     }
                     let mut outputs = outputs.lock().expect("poisoned");
                     let entry = outputs.entry(key.clone()).or_default();
@@ -244,10 +268,6 @@ impl Processes {
                 }
             }));
         }
-        self.recorder.observe(Observation::WorkerStarted {
-            worker: spec.id.clone(),
-            version: spec.version.clone(),
-        });
         Ok(Proc {
             spec: spec.clone(),
             child,
@@ -388,9 +408,11 @@ impl Workers for Processes {
         let index = worker % self.procs.len();
         signal(&self.procs[index], Signal::SIGKILL);
         let _ = self.procs[index].child.wait().await;
-        // A crashed process is restarted, as a supervisor would.
-        let spec = self.procs[index].spec.clone();
-        self.restart(index, &spec)?;
+        if self.restart_crashed {
+            // A crashed process is restarted, as a supervisor would.
+            let spec = self.procs[index].spec.clone();
+            self.restart(index, &spec)?;
+        }
         Ok(Some(None))
     }
 
@@ -513,6 +535,7 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
         procs: Vec::new(),
         readers: Vec::new(),
         wake: StdRng::seed_from_u64(settings.seed ^ 0x7761_6b65),
+        restart_crashed: true,
     };
     for (index, spec) in settings.workers.iter().enumerate() {
         let proc = processes.start(index, spec)?;

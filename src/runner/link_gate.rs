@@ -2,7 +2,7 @@
 //! until the schedule releases it, records which requests were released (their fingerprints), and
 //! lets set-up, health checks and empty queue polls pass.
 
-use crate::wire::{Holder, RedisReply, Reply, Request, RoundTrip, WireEvent};
+use crate::wire::{Holder, RedisReply, Release, Reply, Request, RoundTrip, WireEvent};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use std::collections::{HashMap, VecDeque};
@@ -54,7 +54,7 @@ struct Held {
     count: u64,
     fingerprint: String,
     poll: bool,
-    release: oneshot::Sender<()>,
+    release: oneshot::Sender<Release>,
     since: Instant,
 }
 
@@ -80,6 +80,56 @@ pub(super) struct Gate {
     state: Mutex<GateState>,
     pub(super) changed: Notify,
     pub(super) timeouts: Arc<Mutex<Vec<String>>>,
+    /// Set for the gate of a process started ahead of need: its requests are held, and nothing
+    /// it does recorded, until it goes live.
+    standby: Option<Arc<Standby>>,
+}
+
+/// The state of a process started ahead of need, to replace a worker the schedule kills (its
+/// interpreter's start then costs the case nothing). Until it goes live its gate holds its first
+/// effectful request for as long as it takes (no longest hold), its round trips are not recorded,
+/// and its log lines are kept back; going live hands them to the recorder, as if it had just
+/// started.
+#[derive(Default)]
+pub(crate) struct Standby {
+    /// Lines kept back while on standby; `None` once live.
+    kept: Mutex<Option<Vec<crate::contract::log::LogLine>>>,
+    live: std::sync::atomic::AtomicBool,
+}
+
+impl Standby {
+    pub(crate) fn new() -> Arc<Standby> {
+        Arc::new(Standby {
+            kept: Mutex::new(Some(Vec::new())),
+            live: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    pub(crate) fn is_live(&self) -> bool {
+        self.live.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Records `line`, or keeps it back while on standby.
+    pub(crate) fn line(
+        &self,
+        recorder: &crate::history::Recorder,
+        line: crate::contract::log::LogLine,
+    ) {
+        let mut kept = self.kept.lock().expect("poisoned");
+        match kept.as_mut() {
+            Some(kept) => kept.push(line),
+            None => recorder.line(line),
+        }
+    }
+
+    /// From now on everything is recorded; the lines kept back first.
+    pub(crate) fn go_live(&self, recorder: &crate::history::Recorder) {
+        let mut kept = self.kept.lock().expect("poisoned");
+        for line in kept.take().unwrap_or_default() {
+            recorder.line(line);
+        }
+        self.live.store(true, std::sync::atomic::Ordering::Release);
+    }
 }
 
 impl Gate {
@@ -91,7 +141,49 @@ impl Gate {
             state: Mutex::new(GateState::default()),
             changed: Notify::new(),
             timeouts: Arc::default(),
+            standby: None,
         })
+    }
+
+    /// The gate of a process on `standby`: it holds without a longest hold until the process
+    /// goes live.
+    pub(super) fn on_standby(
+        worker: &str,
+        namespace: &str,
+        max_hold: Duration,
+        standby: Arc<Standby>,
+    ) -> Arc<Gate> {
+        Arc::new(Gate {
+            worker: worker.to_owned(),
+            namespace: Mutex::new(namespace.to_owned()),
+            max_hold,
+            state: Mutex::new(GateState::default()),
+            changed: Notify::new(),
+            timeouts: Arc::default(),
+            standby: Some(standby),
+        })
+    }
+
+    /// Whether what passes this gate is recorded (not a process on standby).
+    pub(super) fn is_live(&self) -> bool {
+        self.standby
+            .as_ref()
+            .is_none_or(|standby| standby.is_live())
+    }
+
+    /// The process behind this gate was killed: the requests it held never reach their servers
+    /// (their connections end), as the process died before sending them.
+    pub(super) fn abort_held(&self) {
+        let mut state = self.lock();
+        for held in state.held.drain(..) {
+            let _ = held.release.send(Release::Abort);
+        }
+    }
+
+    /// Forgets held requests whose hold ended without the gate (their connection dropped while
+    /// on standby: the process sends them again), without a note: nothing was scheduled yet.
+    pub(super) fn forget_dropped(&self) {
+        self.lock().held.retain(|held| !held.release.is_closed());
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
@@ -198,7 +290,7 @@ impl Gate {
         let (link, conn, first, count) = {
             let mut state = self.lock();
             let held = state.held.pop_front()?;
-            let _ = held.release.send(());
+            let _ = held.release.send(Release::Forward);
             (held.link, held.conn, held.first, held.count)
         };
         let deadline = Instant::now() + answer;
@@ -227,7 +319,7 @@ impl Gate {
         let mut state = self.lock();
         state.open = true;
         for held in state.held.drain(..) {
-            let _ = held.release.send(());
+            let _ = held.release.send(Release::Forward);
         }
     }
 
@@ -248,7 +340,7 @@ impl Holder for Gate {
         conn: u64,
         first: u64,
         requests: &[Request],
-    ) -> Option<BoxFuture<'static, ()>> {
+    ) -> Option<BoxFuture<'static, Release>> {
         let mut state = self.lock();
         if state.open || requests.iter().all(passes) {
             return None;
@@ -272,13 +364,27 @@ impl Holder for Gate {
         drop(state);
         self.changed.notify_waiters();
         let (max, timeouts, worker) = (self.max_hold, self.timeouts.clone(), self.worker.clone());
+        let standby = self.standby.clone();
         Some(
             async move {
-                if tokio::time::timeout(max, rx).await.is_err() {
-                    timeouts.lock().expect("poisoned").push(format!(
-                        "{worker}'s `{fingerprint}` held past the longest hold ({} ms): let go",
-                        max.as_millis()
-                    ));
+                let mut rx = rx;
+                loop {
+                    match tokio::time::timeout(max, &mut rx).await {
+                        Ok(Ok(release)) => return release,
+                        // The gate let go of it unanswered (dropped with a killed worker's
+                        // place): it was never sent.
+                        Ok(Err(_)) => return Release::Abort,
+                        // A process on standby waits as long as it takes to be needed.
+                        Err(_) if standby.as_ref().is_some_and(|s| !s.is_live()) => continue,
+                        Err(_) => {
+                            timeouts.lock().expect("poisoned").push(format!(
+                                "{worker}'s `{fingerprint}` held past the longest hold ({} ms): \
+                                 let go",
+                                max.as_millis()
+                            ));
+                            return Release::Forward;
+                        }
+                    }
                 }
             }
             .boxed(),

@@ -5,7 +5,7 @@
 use super::{Clock, Holder, Protocol, Reply, Request, RoundTrip, Sink, WireTap};
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use noxious::tap::{ConnTap, Hold};
+use noxious::tap::{ConnTap, Hold, Release};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
@@ -86,14 +86,14 @@ struct Trip {
 struct Group {
     seqs: Vec<u64>,
     /// Where the decision goes; `None` for the group of the write being framed now.
-    decide: Option<oneshot::Sender<Option<BoxFuture<'static, ()>>>>,
+    decide: Option<oneshot::Sender<Option<BoxFuture<'static, Release>>>>,
 }
 
 /// A decision to make outside the lock: ask the holder about these requests.
 struct Ask {
     seqs: Vec<u64>,
     requests: Vec<Request>,
-    decide: Option<oneshot::Sender<Option<BoxFuture<'static, ()>>>>,
+    decide: Option<oneshot::Sender<Option<BoxFuture<'static, Release>>>>,
 }
 
 impl Connection {
@@ -297,7 +297,7 @@ impl Connection {
 
     /// Asks the holder, in order; returns the decision for the write being framed (the ask with
     /// no channel), and sends the others' decisions to their waiting holds.
-    fn ask(&self, asks: Vec<Ask>) -> Option<Option<BoxFuture<'static, ()>>> {
+    fn ask(&self, asks: Vec<Ask>) -> Option<Option<BoxFuture<'static, Release>>> {
         let holder = self.holder.as_ref()?;
         let mut current = None;
         for ask in asks {
@@ -313,12 +313,16 @@ impl Connection {
                     let me = self.me.clone();
                     let seqs = ask.seqs;
                     Some(Box::pin(async move {
-                        hold.await;
-                        if let Some(me) = me.upgrade() {
+                        let release = hold.await;
+                        // An aborted request never reaches its server: no round trip of it.
+                        if release == Release::Forward
+                            && let Some(me) = me.upgrade()
+                        {
                             let done = me.mark_forwarded(&seqs, Instant::now());
                             me.emit(done);
                         }
-                    }) as BoxFuture<'static, ()>)
+                        release
+                    }) as BoxFuture<'static, Release>)
                 }
             };
             match ask.decide {
@@ -368,8 +372,9 @@ impl ConnTap for Connection {
         let at = first_start?;
         if let Some(rx) = pending {
             return Some(Hold::new(at, async move {
-                if let Ok(Some(hold)) = rx.await {
-                    hold.await;
+                match rx.await {
+                    Ok(Some(hold)) => hold.await,
+                    _ => Release::Forward,
                 }
             }));
         }

@@ -35,6 +35,7 @@ mod text;
 pub use redis::command_keys;
 
 use futures::future::BoxFuture;
+pub use noxious::tap::Release;
 use noxious::tap::{ConnInfo, ConnTap, Tap};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -465,14 +466,16 @@ pub trait Holder: Send + Sync + 'static {
     /// requests (complete, parsed) in order; a write continuing a request already forwarded is
     /// never held. `first` is the first request's number on its connection (its round trip's
     /// [`RoundTrip::seq`]). Return a future to hold the write until it resolves, or `None` to
-    /// let it through. Calls for one connection come in request order.
+    /// let it through; a hold that ends in [`Release::Abort`] drops the requests and ends their
+    /// connection (their client was killed before it sent them). Calls for one connection come
+    /// in request order.
     fn before(
         &self,
         link: &str,
         conn: u64,
         first: u64,
         requests: &[Request],
-    ) -> Option<BoxFuture<'static, ()>>;
+    ) -> Option<BoxFuture<'static, Release>>;
 
     /// Whether a request of `link` is held now: what comes after it on its connection (a
     /// health check too) waits behind it.

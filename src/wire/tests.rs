@@ -799,11 +799,11 @@ impl Holder for Gate {
         _conn: u64,
         _first: u64,
         requests: &[Request],
-    ) -> Option<futures::future::BoxFuture<'static, ()>> {
+    ) -> Option<futures::future::BoxFuture<'static, Release>> {
         self.asked.lock().unwrap().push(requests.to_vec());
         let (tx, rx) = oneshot::channel();
         self.releases.lock().unwrap().push(tx);
-        Some(rx.map(|_| ()).boxed())
+        Some(rx.map(|_| Release::Forward).boxed())
     }
 }
 

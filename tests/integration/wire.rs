@@ -10,7 +10,7 @@ use noxious::signal::{Close, Stop, Stopper};
 use noxious::socket::TcpListener as EngineListener;
 use racecert::env::TestBed;
 use racecert::wire::{
-    Holder, PgRequest, Protocol, RedisReply, Reply, Request, RoundTrip, TxStatus, WireTap,
+    Holder, PgRequest, Protocol, RedisReply, Release, Reply, Request, RoundTrip, TxStatus, WireTap,
 };
 use reqwest::Url;
 use std::net::SocketAddr;
@@ -23,6 +23,7 @@ crate::tests!(
     redis_resp3_replies_are_recorded_after_hello_3,
     postgres_startup_simple_extended_and_transactions_are_recorded,
     a_held_set_is_invisible_to_others_until_released,
+    an_aborted_held_set_never_reaches_redis,
 );
 
 /// A bound on waiting for events that must come; reaching it fails the test.
@@ -499,7 +500,7 @@ async fn postgres_startup_simple_extended_and_transactions_are_recorded(
 struct HoldSets {
     key: String,
     held: Mutex<Option<oneshot::Sender<()>>>,
-    release: Mutex<Option<oneshot::Receiver<()>>>,
+    release: Mutex<Option<oneshot::Receiver<Release>>>,
 }
 
 impl Holder for HoldSets {
@@ -509,7 +510,7 @@ impl Holder for HoldSets {
         _conn: u64,
         _first: u64,
         requests: &[Request],
-    ) -> Option<BoxFuture<'static, ()>> {
+    ) -> Option<BoxFuture<'static, Release>> {
         let is_set = requests.iter().any(|r| match r {
             Request::Redis(c) => c.name == "SET" && c.keys.contains(&self.key),
             _ => false,
@@ -521,8 +522,56 @@ impl Holder for HoldSets {
         if let Some(held) = self.held.lock().unwrap().take() {
             let _ = held.send(());
         }
-        Some(release.map(|_| ()).boxed())
+        Some(release.map(|r| r.unwrap_or(Release::Abort)).boxed())
     }
+}
+
+/// A hold that ends in an abort (the wire runner killed the worker holding it): the SET never
+/// reaches Redis, and its client's connection ends instead of being answered.
+async fn an_aborted_held_set_never_reaches_redis(bed: &TestBed) -> anyhow::Result<()> {
+    let _shared = bed.shared().await;
+    let key = format!("{}:aborted", crate::namespace("wire-hold"));
+    let (held_tx, held_rx) = oneshot::channel();
+    let (release_tx, release_rx) = oneshot::channel();
+    let holder = Arc::new(HoldSets {
+        key: key.clone(),
+        held: Mutex::new(Some(held_tx)),
+        release: Mutex::new(Some(release_rx)),
+    });
+    let tapped = Tapped::start(
+        "redis-abort",
+        &bed.redis_direct_url(),
+        Protocol::Redis,
+        Some(holder),
+    )
+    .await?;
+    let held_client = redis::Client::open(tapped.url(&bed.redis_direct_url())?)?;
+    let mut held_conn = held_client.get_multiplexed_async_connection().await?;
+    let other = redis::Client::open(bed.redis_direct_url())?;
+    let mut other = other.get_multiplexed_async_connection().await?;
+    let setter = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            redis::cmd("SET")
+                .arg(&key)
+                .arg("v")
+                .query_async::<()>(&mut held_conn)
+                .await
+        })
+    };
+    tokio::time::timeout(DEADLINE, held_rx).await??;
+    release_tx
+        .send(Release::Abort)
+        .map_err(|_| anyhow::anyhow!("the hold was dropped"))?;
+    let answered = tokio::time::timeout(DEADLINE, setter).await??;
+    anyhow::ensure!(
+        answered.is_err(),
+        "the aborted SET was answered: {answered:?}"
+    );
+    let seen: Option<String> = redis::cmd("GET").arg(&key).query_async(&mut other).await?;
+    anyhow::ensure!(seen.is_none(), "an aborted SET reached Redis: {seen:?}");
+    tapped.stop().await;
+    Ok(())
 }
 
 async fn a_held_set_is_invisible_to_others_until_released(bed: &TestBed) -> anyhow::Result<()> {
@@ -563,7 +612,7 @@ async fn a_held_set_is_invisible_to_others_until_released(bed: &TestBed) -> anyh
     anyhow::ensure!(!setter.is_finished(), "the held SET was answered");
 
     release_tx
-        .send(())
+        .send(Release::Forward)
         .map_err(|_| anyhow::anyhow!("the hold was dropped"))?;
     tokio::time::timeout(DEADLINE, setter).await???;
     let seen: Option<String> = redis::cmd("GET").arg(&key).query_async(&mut other).await?;

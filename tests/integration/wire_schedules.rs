@@ -13,6 +13,7 @@ crate::tests!(
     the_safe_python_worker_and_the_reference_worker_pass_wire_schedules,
     the_seeds_unfenced_write_is_found_through_wire_schedules,
     races_of_three_ordered_steps_are_found_at_depth_three,
+    a_killed_worker_is_replaced_by_its_spare_at_every_point_of_its_job,
 );
 
 async fn python_command() -> anyhow::Result<String> {
@@ -222,4 +223,97 @@ async fn races_of_three_ordered_steps_are_found_at_depth_three(
         );
     }
     Ok(())
+}
+
+/// A worker killed while the schedule holds its next request, at every point of its job from
+/// its take to its ack: the process started ahead takes its place (one start recorded, at the
+/// kill), its round trips are recorded from then on, and the case ends with every invariant
+/// held. (That the killed process's held request never reaches its server is the gate's and the
+/// proxy's part: `a_killed_workers_held_requests_are_aborted_never_forwarded`,
+/// `an_aborted_held_set_never_reaches_redis`.)
+async fn a_killed_worker_is_replaced_by_its_spare_at_every_point_of_its_job(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    use racecert::fault::Fault;
+    use racecert::schedule::{RequestSpec, Schedule, WireStep};
+    let _shared = bed.shared().await;
+    let command = format!("{} worker", env!("CARGO_BIN_EXE_racecert"));
+    let settings = WireSettings::pair(&command);
+    let killed = settings.workers[0].id.clone();
+    for trips in 1..=8 {
+        let schedule = Schedule {
+            requests: vec![RequestSpec {
+                request_id: "req-0".into(),
+                input: "hello".into(),
+            }],
+            steps: vec![
+                WireStep::Run { worker: 0, trips },
+                WireStep::Fault(Fault::CrashWorker { worker: 0 }),
+                WireStep::Finish { worker: 1 },
+                WireStep::Finish { worker: 0 },
+            ],
+        };
+        let outcome = run_wire(bed, &settings, &schedule, None).await?;
+        let text = || outcome.text("case");
+        anyhow::ensure!(
+            outcome.case.violations.is_empty(),
+            "killed after {trips} round trip(s):\n{}",
+            text()
+        );
+        let events = &outcome.case.history.events;
+        let starts: Vec<usize> = events
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| started(e, &killed))
+            .map(|(i, _)| i)
+            .collect();
+        let [kill] = starts[..] else {
+            anyhow::bail!(
+                "killed after {trips} round trip(s): {} start(s) of {killed}:\n{}",
+                starts.len(),
+                text()
+            );
+        };
+        anyhow::ensure!(
+            events[kill..].iter().any(|e| crashed(e, &killed)),
+            "killed after {trips} round trip(s): no crash recorded after the start:\n{}",
+            text()
+        );
+        let before: std::collections::HashSet<_> = events[..kill]
+            .iter()
+            .filter_map(|e| connection(e, &killed))
+            .collect();
+        let replacement = events[kill..]
+            .iter()
+            .filter_map(|e| connection(e, &killed))
+            .filter(|conn| !before.contains(conn))
+            .count();
+        anyhow::ensure!(
+            replacement > 0,
+            "killed after {trips} round trip(s): no round trip of the replacement recorded:\n{}",
+            text()
+        );
+    }
+    Ok(())
+}
+
+fn started(event: &racecert::history::Event, worker: &str) -> bool {
+    use racecert::history::{EventKind, Observation};
+    matches!(&event.kind, EventKind::Harness(Observation::WorkerStarted { worker: w, .. }) if w == worker)
+}
+
+fn crashed(event: &racecert::history::Event, worker: &str) -> bool {
+    use racecert::fault::Effect;
+    use racecert::history::EventKind;
+    matches!(&event.kind, EventKind::Fault(Effect::WorkerCrashed { worker: w, .. }) if w == worker)
+}
+
+/// The connection (link, number) of a round trip of `worker`.
+fn connection(event: &racecert::history::Event, worker: &str) -> Option<(String, u64)> {
+    match &event.kind {
+        racecert::history::EventKind::Wire(wire) if wire.worker == worker => {
+            Some((wire.trip.link.clone(), wire.trip.conn))
+        }
+        _ => None,
+    }
 }

@@ -44,13 +44,14 @@ impl Holder for Blackhole {
         _conn: u64,
         _first: u64,
         _requests: &[crate::wire::Request],
-    ) -> Option<BoxFuture<'static, ()>> {
+    ) -> Option<BoxFuture<'static, crate::wire::Release>> {
         if link != self.link {
             return None;
         }
         let mut released = self.released.clone();
         Some(Box::pin(async move {
             let _ = released.wait_for(|r| *r).await;
+            crate::wire::Release::Forward
         }))
     }
 }

@@ -1,6 +1,8 @@
 //! One wire case on a set of worker processes: requests submitted, steps run at the gates,
 //! faults applied through [`crate::fault::apply`] (the case is the fault's plane), then a drain
-//! that heals, lets every worker finish, and judges what concerns the case's requests.
+//! that heals, lets every worker finish, and judges what concerns the case's requests. A worker
+//! the schedule kills is replaced by a process started ahead on link sets of its own ([`Spare`]):
+//! the kill costs the case no interpreter start.
 
 use super::WireSettings;
 use crate::check::CaseResult;
@@ -13,8 +15,8 @@ use crate::history::{Observation, Recorder, SubmittedRequest, read_jobs};
 use crate::reference::Pipeline;
 use crate::reference::process::WorkerEnv;
 use crate::reference::submit::InferenceRequest;
-use crate::runner::fleet::{Processes, signal, stop};
-use crate::runner::link_gate::{Gate, uncounted};
+use crate::runner::fleet::{Proc, Processes, signal, stop};
+use crate::runner::link_gate::{Gate, Standby, uncounted};
 use crate::runner::plane::{BackendControl, CasePlane, Services, WorkerLink};
 use crate::schedule::search::{Divergence, Outcome};
 use crate::schedule::{RequestSpec, Schedule, WireStep};
@@ -68,12 +70,63 @@ pub(super) struct Case<'b> {
     started: Instant,
     /// Jobs whose lease the drain found set to outlive the liveness bound (reported once).
     outliving: Vec<String>,
+    /// Per worker: which of the services' link sets its live process uses.
+    live: Vec<usize>,
+    /// Per worker: a process started ahead to replace it when the schedule kills it (empty when
+    /// the case's schedules kill no worker; `None` only while one takes its worker's place).
+    spares: Vec<Option<Spare>>,
+    /// This case's names in fingerprints (every gate's, a spare's too).
+    aliases: Vec<(String, String)>,
+}
+
+/// A worker's replacement, started ahead on link sets of its own, behind a gate on standby: a
+/// crash then costs the case no interpreter start (a Python worker's is about 200 ms).
+struct Spare {
+    /// Its link set (an index into the services' links).
+    link: usize,
+    gate: Arc<Gate>,
+    standby: Arc<Standby>,
+    proc: Proc,
+}
+
+/// Sends what passes `link` through `gate` (which holds it) to the recorder, attributed to
+/// `worker` (while the gate's process is live).
+fn attach(
+    link: &WorkerLink,
+    worker: &str,
+    gate: &Arc<Gate>,
+    recorder: &Arc<Recorder>,
+) -> Result<()> {
+    let listener = {
+        let (record, gate) = (recorder.wire_listener(), gate.clone());
+        Arc::new(move |event: WireEvent| {
+            gate.trip(&event);
+            if gate.is_live() {
+                record(event);
+            }
+        })
+    };
+    link.links.record(worker, listener);
+    if !link.links.hold(Some(gate.clone())) {
+        return Err(Error::Config(
+            "wire schedules need the proxy in process (a remote TOXIPROXY_URL cannot hold \
+             round trips)"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 static CASES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl<'b> Case<'b> {
-    pub(super) async fn open(bed: &'b TestBed, settings: &WireSettings) -> Result<Case<'b>> {
+    /// Starts the processes of `settings` behind their gates; with `spares`, a replacement per
+    /// worker too, for schedules that kill workers.
+    pub(super) async fn open(
+        bed: &'b TestBed,
+        settings: &WireSettings,
+        spares: bool,
+    ) -> Result<Case<'b>> {
         if settings.workers.is_empty() || settings.command.trim().is_empty() {
             return Err(Error::Config(
                 "a wire schedule needs a worker command and workers".into(),
@@ -90,7 +143,11 @@ impl<'b> Case<'b> {
         let mut links = Vec::new();
         let mut envs = Vec::new();
         let mut gates = Vec::new();
-        for spec in &settings.workers {
+        let workers = settings.workers.len();
+        // Link sets in worker order, then the spares' (link set `i` serves worker `i % workers`).
+        let sets = if spares { 2 * workers } else { workers };
+        for set in 0..sets {
+            let spec = &settings.workers[set % workers];
             // A tapped proxy restarts on its port; under load another socket may take the port
             // meanwhile: new links (new ports) are tried before giving up.
             let mut tries = 0;
@@ -104,21 +161,10 @@ impl<'b> Case<'b> {
                     Err(err) => return Err(err),
                 }
             };
-            let gate = Gate::new(&spec.id, keys.prefix(), settings.max_hold);
-            let listener = {
-                let (recorder, gate) = (recorder.wire_listener(), gate.clone());
-                Arc::new(move |event: WireEvent| {
-                    gate.trip(&event);
-                    recorder(event);
-                })
-            };
-            link.links.record(&spec.id, listener);
-            if !link.links.hold(Some(gate.clone())) {
-                return Err(Error::Config(
-                    "wire schedules need the proxy in process (a remote TOXIPROXY_URL cannot hold \
-                     round trips)"
-                        .into(),
-                ));
+            if set < workers {
+                let gate = Gate::new(&spec.id, keys.prefix(), settings.max_hold);
+                attach(&link, &spec.id, &gate, &recorder)?;
+                gates.push(gate);
             }
             let mut by_version = BTreeMap::new();
             for (version, backend) in &link.backends {
@@ -141,7 +187,6 @@ impl<'b> Case<'b> {
             }
             envs.push(by_version);
             links.push(link);
-            gates.push(gate);
         }
         let admin =
             Infra::connect_harness(&bed.harness_redis_url(), &bed.harness_database_url()).await?;
@@ -163,6 +208,8 @@ impl<'b> Case<'b> {
             readers: Vec::new(),
             // Wire schedules never pause by the fleet's rule; the field is the fleet's.
             wake: rand::SeedableRng::seed_from_u64(0),
+            // A killed worker's place goes to its spare (`Case::replace`).
+            restart_crashed: false,
         };
         for (index, spec) in settings.workers.iter().enumerate() {
             let proc = processes.start(index, spec)?;
@@ -193,7 +240,7 @@ impl<'b> Case<'b> {
             settings.defects.clone(),
             settings.backend_timeout,
         );
-        Ok(Case {
+        let mut case = Case {
             settings: settings.clone(),
             api,
             cases: 0,
@@ -213,7 +260,82 @@ impl<'b> Case<'b> {
             steps_run: Vec::new(),
             started,
             outliving: Vec::new(),
+            live: (0..workers).collect(),
+            spares: Vec::new(),
+            aliases: Vec::new(),
+        };
+        // The spares start once the workers are at their gates: a command that cannot start
+        // has said so by then, and the workers' starts did not wait on theirs.
+        for index in (0..workers).filter(|_| spares) {
+            let spare = case.stand_by(workers + index, index)?;
+            case.spares.push(Some(spare));
+        }
+        Ok(case)
+    }
+
+    /// Starts a replacement for worker `index` on link set `link`, behind a gate on standby.
+    fn stand_by(&mut self, link: usize, index: usize) -> Result<Spare> {
+        let spec = self.settings.workers[index].clone();
+        let standby = Standby::new();
+        let gate = Gate::on_standby(
+            &spec.id,
+            self.keys.prefix(),
+            self.settings.max_hold,
+            standby.clone(),
+        );
+        gate.begin(self.aliases.clone());
+        attach(
+            &self.plane.services.links[link],
+            &spec.id,
+            &gate,
+            &self.recorder,
+        )?;
+        let proc = self
+            .plane
+            .workers
+            .launch(link, &spec, Some(standby.clone()))?;
+        Ok(Spare {
+            link,
+            gate,
+            standby,
+            proc,
         })
+    }
+
+    /// Worker `index`'s process is gone (killed by the schedule, or it left): what it held at
+    /// its gate never reaches a server, and its spare takes its place (live from now on, its
+    /// start observed), while a new spare starts on the links it leaves. Without spares a new
+    /// process starts in its place.
+    fn replace(&mut self, index: usize) -> Result<()> {
+        self.gates[index].abort_held();
+        self.fresh[index] = true;
+        let spec = self.settings.workers[index].clone();
+        if self.spares.is_empty() {
+            let proc = self.plane.workers.start(self.live[index], &spec)?;
+            self.plane.workers.procs[index] = proc;
+            return Ok(());
+        }
+        let mut spare = self.spares[index].take().expect("a spare per worker");
+        if spare.proc.child.try_wait().ok().flatten().is_some() {
+            // It died on standby (its command gave up waiting, say): one more start.
+            spare.gate.abort_held();
+            spare = self.stand_by(spare.link, index)?;
+        }
+        spare.gate.forget_dropped();
+        spare.standby.go_live(&self.recorder);
+        self.recorder.observe(Observation::WorkerStarted {
+            worker: spec.id.clone(),
+            version: spec.version.clone(),
+        });
+        let Spare {
+            link, gate, proc, ..
+        } = spare;
+        // The dead process (already waited for) goes with its place.
+        self.plane.workers.procs[index] = proc;
+        self.gates[index] = gate;
+        let left = std::mem::replace(&mut self.live[index], link);
+        self.spares[index] = Some(self.stand_by(left, index)?);
+        Ok(())
     }
 
     /// Starts a case: its requests (ids of this case's own, fingerprinted as `{req#i}`), a clean
@@ -248,9 +370,11 @@ impl<'b> Case<'b> {
                 input: crate::reference::submit::normalize_input(&request.input),
             });
         }
-        for gate in &self.gates {
+        let spares = self.spares.iter().flatten().map(|spare| &spare.gate);
+        for gate in self.gates.iter().chain(spares) {
             gate.begin(aliases.clone());
         }
+        self.aliases = aliases;
         self.plane.services.requests = self
             .submitted
             .iter()
@@ -435,8 +559,8 @@ impl<'b> Case<'b> {
                 if let Effect::WorkerCrashed { worker, .. } = &effect
                     && let Some(index) = self.settings.workers.iter().position(|w| w.id == *worker)
                 {
-                    // The restarted process comes to the gate before the schedule goes on.
-                    self.fresh[index] = true;
+                    // Its replacement comes to the gate before the schedule goes on.
+                    self.replace(index)?;
                     let _ = self.runnable(index).await?;
                 }
                 self.recorder.fault(effect);
@@ -618,18 +742,15 @@ impl<'b> Case<'b> {
     /// Every worker held before its next queue poll, in worker order (a worker that left,
     /// declining a version, is started again).
     async fn settle(&mut self) -> Result<()> {
-        let processes = &mut self.plane.workers;
-        for index in 0..processes.procs.len() {
-            if processes.procs[index]
+        for index in 0..self.plane.workers.procs.len() {
+            if self.plane.workers.procs[index]
                 .child
                 .try_wait()
                 .ok()
                 .flatten()
                 .is_some()
             {
-                let spec = self.settings.workers[index].clone();
-                processes.restart(index, &spec)?;
-                self.fresh[index] = true;
+                self.replace(index)?;
             }
         }
         for gate in &self.gates {
@@ -707,10 +828,16 @@ impl<'b> Case<'b> {
 
     /// Stops the processes and hands the links back (holding nothing).
     pub(super) async fn stop(mut self) {
-        for gate in &self.gates {
+        let mut spares: Vec<Spare> = self.spares.drain(..).flatten().collect();
+        for gate in self
+            .gates
+            .iter()
+            .chain(spares.iter().map(|spare| &spare.gate))
+        {
             gate.open();
         }
-        for proc in self.plane.workers.procs.iter_mut() {
+        let procs = self.plane.workers.procs.iter_mut();
+        for proc in procs.chain(spares.iter_mut().map(|spare| &mut spare.proc)) {
             signal(proc, Signal::SIGCONT);
             stop(proc, Duration::from_secs(2)).await;
         }

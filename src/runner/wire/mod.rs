@@ -30,6 +30,7 @@ use crate::Result;
 use crate::check::Invariant;
 use crate::contract::defect::Defects;
 use crate::env::TestBed;
+use crate::fault::Fault;
 use crate::schedule::file::{RunnerSpec, ScheduleFile};
 use crate::schedule::search::rounds::{PctPlan, RoundSource, Rounds};
 use crate::schedule::search::{
@@ -170,7 +171,12 @@ pub async fn run_wire(
     schedule: &Schedule<WireStep>,
     expected: Option<&[Vec<String>]>,
 ) -> Result<WireOutcome> {
-    let mut case = Case::open(bed, settings).await?;
+    // Spares cost a start each: worth it only where the schedule kills a worker.
+    let kills = schedule
+        .steps
+        .iter()
+        .any(|step| matches!(step, WireStep::Fault(Fault::CrashWorker { .. })));
+    let mut case = Case::open(bed, settings, kills).await?;
     let outcome = run_on(&mut case, bed, schedule, expected).await;
     case.stop().await;
     outcome
@@ -298,7 +304,7 @@ impl<'b> WireRunner<'b> {
     pub async fn open(bed: &'b TestBed, settings: &WireSettings) -> Result<WireRunner<'b>> {
         Ok(WireRunner {
             bed,
-            case: tokio::sync::Mutex::new(Case::open(bed, settings).await?),
+            case: tokio::sync::Mutex::new(Case::open(bed, settings, true).await?),
         })
     }
 

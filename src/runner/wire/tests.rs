@@ -70,3 +70,80 @@ fn polls_that_got_nothing_and_setup_are_uncounted() {
     assert!(passes(&trip("HELLO", RedisReply::Nil).request));
     assert!(!passes(&trip("XACK", RedisReply::Int(1)).request));
 }
+
+fn set(key: &str) -> Request {
+    Request::Redis(crate::wire::RedisCommand {
+        name: "SET".into(),
+        args: vec![key.into()],
+        argc: 3,
+        keys: vec![key.into()],
+        queued: false,
+        truncated: false,
+    })
+}
+
+/// A killed worker's held requests never reach their servers: the gate aborts them (and a gate
+/// dropped with its worker's place does too), where a release forwards.
+#[tokio::test]
+async fn a_killed_workers_held_requests_are_aborted_never_forwarded() {
+    use crate::runner::link_gate::Gate;
+    use crate::wire::{Holder, Release};
+    let gate = Gate::new("worker-a", "ns:", std::time::Duration::from_secs(4));
+    let first = gate.before("redis", 1, 0, &[set("a")]).expect("held");
+    let second = gate.before("redis", 1, 1, &[set("b")]).expect("held");
+    gate.abort_held();
+    assert_eq!(first.await, Release::Abort);
+    assert_eq!(second.await, Release::Abort);
+
+    let released = gate.before("redis", 2, 0, &[set("c")]).expect("held");
+    gate.release(std::time::Duration::ZERO).await;
+    assert_eq!(released.await, Release::Forward);
+
+    let orphan = gate.before("redis", 3, 0, &[set("d")]).expect("held");
+    drop(gate);
+    assert_eq!(
+        orphan.await,
+        Release::Abort,
+        "a dropped gate forwards nothing"
+    );
+}
+
+/// A process on standby waits at its gate as long as it takes (no longest hold), and nothing
+/// it does is recorded until it goes live; then its lines kept back come first, and its holds
+/// have the longest hold again.
+#[tokio::test]
+async fn a_spare_on_standby_is_held_past_the_longest_hold_until_it_goes_live() {
+    use crate::runner::link_gate::{Gate, Standby};
+    use crate::wire::{Holder, Release};
+    use futures::FutureExt;
+    let max = std::time::Duration::from_millis(40);
+    let standby = Standby::new();
+    let gate = Gate::on_standby("worker-a", "ns:", max, standby.clone());
+    assert!(!gate.is_live());
+    let mut held = gate.before("redis", 1, 0, &[set("a")]).expect("held");
+    tokio::time::sleep(max * 10).await;
+    assert!(
+        (&mut held).now_or_never().is_none(),
+        "still held on standby"
+    );
+
+    let recorder = crate::history::Recorder::new();
+    let line = crate::contract::log::parse::parse_line(
+        r#"{"ts":"2026-12-04T00:00:00Z","level":"info","worker_id":"worker-a","status":"worker_started"}"#,
+    )
+    .expect("a line");
+    standby.line(&recorder, line.clone());
+    assert_eq!(recorder.len(), 0, "kept back on standby");
+    standby.go_live(&recorder);
+    assert!(gate.is_live());
+    assert_eq!(recorder.len(), 1, "handed over when it goes live");
+    standby.line(&recorder, line);
+    assert_eq!(recorder.len(), 2);
+
+    assert_eq!(
+        held.await,
+        Release::Forward,
+        "live: let go at the longest hold"
+    );
+    assert_eq!(gate.timeouts.lock().expect("poisoned").len(), 1);
+}

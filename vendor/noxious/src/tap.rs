@@ -65,7 +65,8 @@ pub trait ConnTap: Send + Sync + 'static {
     /// Bytes the client sent, in order, before they go upstream. Returning a [`Hold`] delays the
     /// forwarding of this chunk from [`Hold::at`] on until [`Hold::until`] resolves; the engine
     /// keeps reading (and calling this) meanwhile, up to [`READ_AHEAD_LIMIT`] bytes, and forwards
-    /// everything in order once released. Bytes are never dropped or reordered by a hold.
+    /// everything in order once released. Bytes are never reordered by a hold, and dropped only
+    /// when it ends in [`Release::Abort`].
     fn to_server(&self, data: &Bytes) -> Option<Hold>;
     /// Bytes the server sent, in order, before they reach the client.
     fn to_client(&self, data: &Bytes);
@@ -75,18 +76,30 @@ pub trait ConnTap: Send + Sync + 'static {
     fn closed(&self);
 }
 
+/// How a hold ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// The held bytes (and what came after them) go upstream.
+    Forward,
+    /// The held bytes and everything the client sent after them are discarded and the connection
+    /// ends, as if the client had died before sending them (a tap that kills the client while
+    /// it holds its next request: what the client wrote last never reaches the server).
+    Abort,
+}
+
 /// A hold on client bytes: forward `data[..at]` now, the rest once `until` resolves.
 pub struct Hold {
     /// Offset in the chunk passed to [`ConnTap::to_server`] where the hold starts (clamped to the
     /// chunk's length). A tap holds at a request boundary, which need not be the chunk's start.
     pub at: usize,
-    /// Resolves when the held bytes may go upstream. Dropped unresolved if the connection ends.
-    pub until: BoxFuture<'static, ()>,
+    /// Resolves when the held bytes may go upstream, or must never. Dropped unresolved if the
+    /// connection ends.
+    pub until: BoxFuture<'static, Release>,
 }
 
 impl Hold {
     /// A hold from offset `at` of the chunk until `until` resolves.
-    pub fn new(at: usize, until: impl Future<Output = ()> + Send + 'static) -> Hold {
+    pub fn new(at: usize, until: impl Future<Output = Release> + Send + 'static) -> Hold {
         Hold {
             at,
             until: Box::pin(until),
@@ -143,11 +156,13 @@ struct TapState {
     ended: bool,
     /// The socket failed; yielded once the queue is empty.
     error: Option<io::Error>,
+    /// A hold ended in [`Release::Abort`]: nothing more is read or forwarded.
+    aborted: bool,
 }
 
 struct Segment {
     bytes: Bytes,
-    hold: Option<BoxFuture<'static, ()>>,
+    hold: Option<BoxFuture<'static, Release>>,
 }
 
 impl Read {
@@ -164,6 +179,7 @@ impl Read {
                 queued: 0,
                 ended: false,
                 error: None,
+                aborted: false,
             }),
         }
     }
@@ -189,7 +205,7 @@ impl fmt::Debug for Read {
 }
 
 impl TapState {
-    fn push(&mut self, bytes: Bytes, hold: Option<BoxFuture<'static, ()>>) {
+    fn push(&mut self, bytes: Bytes, hold: Option<BoxFuture<'static, Release>>) {
         self.queued += bytes.len();
         self.queue.push_back(Segment { bytes, hold });
     }
@@ -215,10 +231,27 @@ impl TapState {
         cx: &mut Context<'_>,
     ) -> Poll<Option<io::Result<Bytes>>> {
         loop {
+            if self.aborted {
+                return Poll::Ready(Some(Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "a tap aborted the connection at a held request",
+                ))));
+            }
             if let Some(front) = self.queue.front_mut() {
                 let released = match front.hold.as_mut() {
                     None => true,
-                    Some(until) => until.as_mut().poll(cx).is_ready(),
+                    Some(until) => match until.as_mut().poll(cx) {
+                        Poll::Ready(Release::Forward) => true,
+                        Poll::Ready(Release::Abort) => {
+                            // Nothing from the held request on reaches the server; the reader
+                            // ends with an error, which closes the connection.
+                            self.queue.clear();
+                            self.queued = 0;
+                            self.aborted = true;
+                            continue;
+                        }
+                        Poll::Pending => false,
+                    },
                 };
                 if released {
                     let segment = self.queue.pop_front().expect("front exists");
@@ -343,7 +376,7 @@ mod tests {
             .holds
             .lock()
             .unwrap()
-            .push_back(Some(Hold::new(0, held.map(|_| ()))));
+            .push_back(Some(Hold::new(0, held.map(|_| Release::Forward))));
         let mut read = reader(Builder::new().read(b"+PONG\r\n"), &script, Flow::ToClient);
         assert_eq!(next_now(&mut read), Some(Some(Bytes::from_static(b"+PONG\r\n"))));
         assert_eq!(
@@ -359,7 +392,7 @@ mod tests {
         {
             let mut holds = script.holds.lock().unwrap();
             // The first chunk ends one request and starts the next: hold from its start.
-            holds.push_back(Some(Hold::new(9, held.map(|_| ()))));
+            holds.push_back(Some(Hold::new(9, held.map(|_| Release::Forward))));
         }
         let mut read = reader(
             Builder::new().read(b"SET a 1\r\nGET").read(b" a\r\n"),
@@ -385,12 +418,36 @@ mod tests {
             .holds
             .lock()
             .unwrap()
-            .push_back(Some(Hold::new(0, held.map(|_| ()))));
+            .push_back(Some(Hold::new(0, held.map(|_| Release::Forward))));
         let mut read = reader(Builder::new().read(b"QUIT\r\n"), &script, Flow::ToServer);
         assert_eq!(next_now(&mut read), None);
         release.send(()).unwrap();
         assert_eq!(next_now(&mut read), Some(Some(Bytes::from_static(b"QUIT\r\n"))));
         assert_eq!(next_now(&mut read), Some(None));
+    }
+
+    #[tokio::test]
+    async fn an_aborted_hold_drops_its_bytes_and_what_follows_and_ends_the_connection() {
+        let script = Arc::new(Script::default());
+        let (release, held) = oneshot::channel::<Release>();
+        script
+            .holds
+            .lock()
+            .unwrap()
+            .push_back(Some(Hold::new(9, held.map(|r| r.unwrap_or(Release::Forward)))));
+        let mut read = reader(
+            Builder::new().read(b"SET a 1\r\nSET b 2\r\n").read(b"SET c 3\r\n"),
+            &script,
+            Flow::ToServer,
+        );
+        assert_eq!(next_now(&mut read), Some(Some(Bytes::from_static(b"SET a 1\r\n"))));
+        assert_eq!(next_now(&mut read), None);
+        release.send(Release::Abort).unwrap();
+        let ended = read.next().now_or_never().expect("ready").expect("an item");
+        assert_eq!(
+            ended.expect_err("an error ends it").kind(),
+            io::ErrorKind::ConnectionAborted
+        );
     }
 
     #[tokio::test]
@@ -401,7 +458,7 @@ mod tests {
             .holds
             .lock()
             .unwrap()
-            .push_back(Some(Hold::new(usize::MAX, held.map(|_| ()))));
+            .push_back(Some(Hold::new(usize::MAX, held.map(|_| Release::Forward))));
         let mut read = reader(
             Builder::new().read(b"first").read(b"second"),
             &script,
@@ -421,7 +478,7 @@ mod tests {
             .holds
             .lock()
             .unwrap()
-            .push_back(Some(Hold::new(0, held.map(|_| ()))));
+            .push_back(Some(Hold::new(0, held.map(|_| Release::Forward))));
         let block = vec![b'x'; 1024 * 1024];
         let mut builder = Builder::new();
         for _ in 0..6 {
@@ -451,7 +508,7 @@ mod tests {
             .holds
             .lock()
             .unwrap()
-            .push_back(Some(Hold::new(0, held.map(|_| ()))));
+            .push_back(Some(Hold::new(0, held.map(|_| Release::Forward))));
         let conn = Arc::new(ConnGuard(script.clone()));
         let mut to_server = Read::new(
             FramedRead::new(
