@@ -85,49 +85,38 @@ pub(super) struct Gate {
     standby: Option<Arc<Standby>>,
 }
 
-/// The state of a process started ahead of need, to replace a worker the schedule kills (its
-/// interpreter's start then costs the case nothing). Until it goes live its gate holds its first
-/// effectful request for as long as it takes (no longest hold), its round trips are not recorded,
-/// and its log lines are kept back; going live hands them to the recorder, as if it had just
-/// started.
+/// Whether a process started ahead of need (to replace a worker the schedule kills, so that its
+/// interpreter's start costs the case nothing) is live yet. Until it is, its gate holds its
+/// requests for half the longest hold and then aborts them (the process sends again,
+/// before its own socket timeout gives up on them), and nothing it does or logs is recorded: its
+/// waiting is no part of any case (its output keeps it).
 #[derive(Default)]
 pub(crate) struct Standby {
-    /// Lines kept back while on standby; `None` once live.
-    kept: Mutex<Option<Vec<crate::contract::log::LogLine>>>,
     live: std::sync::atomic::AtomicBool,
 }
 
 impl Standby {
     pub(crate) fn new() -> Arc<Standby> {
-        Arc::new(Standby {
-            kept: Mutex::new(Some(Vec::new())),
-            live: std::sync::atomic::AtomicBool::new(false),
-        })
+        Arc::new(Standby::default())
     }
 
     pub(crate) fn is_live(&self) -> bool {
         self.live.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Records `line`, or keeps it back while on standby.
+    /// Records `line` once live.
     pub(crate) fn line(
         &self,
         recorder: &crate::history::Recorder,
         line: crate::contract::log::LogLine,
     ) {
-        let mut kept = self.kept.lock().expect("poisoned");
-        match kept.as_mut() {
-            Some(kept) => kept.push(line),
-            None => recorder.line(line),
+        if self.is_live() {
+            recorder.line(line);
         }
     }
 
-    /// From now on everything is recorded; the lines kept back first.
-    pub(crate) fn go_live(&self, recorder: &crate::history::Recorder) {
-        let mut kept = self.kept.lock().expect("poisoned");
-        for line in kept.take().unwrap_or_default() {
-            recorder.line(line);
-        }
+    /// From now on everything is recorded.
+    pub(crate) fn go_live(&self) {
         self.live.store(true, std::sync::atomic::Ordering::Release);
     }
 }
@@ -145,8 +134,8 @@ impl Gate {
         })
     }
 
-    /// The gate of a process on `standby`: it holds without a longest hold until the process
-    /// goes live.
+    /// The gate of a process on `standby`: a hold that outlasts the longest hold is aborted until
+    /// the process goes live.
     pub(super) fn on_standby(
         worker: &str,
         namespace: &str,
@@ -180,10 +169,16 @@ impl Gate {
         }
     }
 
-    /// Forgets held requests whose hold ended without the gate (their connection dropped while
-    /// on standby: the process sends them again), without a note: nothing was scheduled yet.
-    pub(super) fn forget_dropped(&self) {
-        self.lock().held.retain(|held| !held.release.is_closed());
+    /// Before a spare goes live: only its newest held request is its own next one. Older ones
+    /// were given up (their connection dropped, or the process sent again after a timeout):
+    /// they are forgotten, and aborted if still held, without a note (nothing was scheduled).
+    pub(super) fn keep_newest(&self) {
+        let mut state = self.lock();
+        state.held.retain(|held| !held.release.is_closed());
+        let stale = state.held.len().saturating_sub(1);
+        for held in state.held.drain(..stale) {
+            let _ = held.release.send(Release::Abort);
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
@@ -369,13 +364,22 @@ impl Holder for Gate {
             async move {
                 let mut rx = rx;
                 loop {
-                    match tokio::time::timeout(max, &mut rx).await {
+                    // On standby a hold lasts half the longest: a spare then goes live with its
+                    // request's client still patient for a while.
+                    let on_standby = standby.as_ref().is_some_and(|s| !s.is_live());
+                    let window = if on_standby { max / 2 } else { max };
+                    match tokio::time::timeout(window, &mut rx).await {
                         Ok(Ok(release)) => return release,
                         // The gate let go of it unanswered (dropped with a killed worker's
                         // place): it was never sent.
                         Ok(Err(_)) => return Release::Abort,
-                        // A process on standby waits as long as it takes to be needed.
-                        Err(_) if standby.as_ref().is_some_and(|s| !s.is_live()) => continue,
+                        // A process still on standby is not kept waiting past its own patience:
+                        // it loses the connection and sends again.
+                        Err(_) if standby.as_ref().is_some_and(|s| !s.is_live()) => {
+                            return Release::Abort;
+                        }
+                        // It went live meanwhile: the longest hold counts from now.
+                        Err(_) if on_standby => continue,
                         Err(_) => {
                             timeouts.lock().expect("poisoned").push(format!(
                                 "{worker}'s `{fingerprint}` held past the longest hold ({} ms): \

@@ -321,8 +321,8 @@ impl<'b> Case<'b> {
             spare.gate.abort_held();
             spare = self.stand_by(spare.link, index)?;
         }
-        spare.gate.forget_dropped();
-        spare.standby.go_live(&self.recorder);
+        spare.gate.keep_newest();
+        spare.standby.go_live();
         self.recorder.observe(Observation::WorkerStarted {
             worker: spec.id.clone(),
             version: spec.version.clone(),

@@ -108,42 +108,39 @@ async fn a_killed_workers_held_requests_are_aborted_never_forwarded() {
     );
 }
 
-/// A process on standby waits at its gate as long as it takes (no longest hold), and nothing
-/// it does is recorded until it goes live; then its lines kept back come first, and its holds
-/// have the longest hold again.
+/// A process on standby is held for half the longest hold, then loses its request (it sends
+/// again, before its own patience runs out), and nothing it logs is recorded until it goes live;
+/// once live, its held request has the longest hold again and is let go with a note after it.
 #[tokio::test]
-async fn a_spare_on_standby_is_held_past_the_longest_hold_until_it_goes_live() {
+async fn a_spare_on_standby_is_aborted_at_half_the_longest_hold_and_recorded_once_live() {
     use crate::runner::link_gate::{Gate, Standby};
     use crate::wire::{Holder, Release};
-    use futures::FutureExt;
     let max = std::time::Duration::from_millis(40);
     let standby = Standby::new();
     let gate = Gate::on_standby("worker-a", "ns:", max, standby.clone());
     assert!(!gate.is_live());
-    let mut held = gate.before("redis", 1, 0, &[set("a")]).expect("held");
-    tokio::time::sleep(max * 10).await;
-    assert!(
-        (&mut held).now_or_never().is_none(),
-        "still held on standby"
-    );
+    let waited = std::time::Instant::now();
+    let given_up = gate.before("redis", 1, 0, &[set("a")]).expect("held");
+    assert_eq!(given_up.await, Release::Abort);
+    assert!(waited.elapsed() >= max / 2);
+    assert!(gate.timeouts.lock().expect("poisoned").is_empty());
 
+    // Sent again, then again on another connection: only the newest is its own at go-live.
+    let stale = gate.before("redis", 2, 0, &[set("a")]).expect("held");
+    let newest = gate.before("redis", 3, 0, &[set("a")]).expect("held");
     let recorder = crate::history::Recorder::new();
     let line = crate::contract::log::parse::parse_line(
-        r#"{"ts":"2026-12-04T00:00:00Z","level":"info","worker_id":"worker-a","status":"worker_started"}"#,
+        r#"{"ts":"2026-12-04T00:00:00Z","level":"warn","worker_id":"worker-a","status":"attempt_error"}"#,
     )
     .expect("a line");
     standby.line(&recorder, line.clone());
-    assert_eq!(recorder.len(), 0, "kept back on standby");
-    standby.go_live(&recorder);
+    assert_eq!(recorder.len(), 0, "not recorded on standby");
+    gate.keep_newest();
+    standby.go_live();
     assert!(gate.is_live());
-    assert_eq!(recorder.len(), 1, "handed over when it goes live");
+    assert_eq!(stale.await, Release::Abort);
     standby.line(&recorder, line);
-    assert_eq!(recorder.len(), 2);
-
-    assert_eq!(
-        held.await,
-        Release::Forward,
-        "live: let go at the longest hold"
-    );
+    assert_eq!(recorder.len(), 1, "recorded once live");
+    assert_eq!(newest.await, Release::Forward, "live: let go at the longest hold");
     assert_eq!(gate.timeouts.lock().expect("poisoned").len(), 1);
 }
