@@ -780,8 +780,8 @@ impl<'b> Case<'b> {
         Ok(())
     }
 
-    /// Between cases: the namespace's cache and version pointer gone, and no delivery of this
-    /// case left to claim.
+    /// Between cases: the namespace's cache and version pointer gone, no delivery of this case
+    /// left to claim, and the stream emptied (its group and last id stay).
     async fn clean(&mut self) -> Result<()> {
         let mut redis = self.admin.redis.clone();
         let found =
@@ -823,6 +823,14 @@ impl<'b> Case<'b> {
                     .await?;
             }
         }
+        // Every entry is done with: the next case's reads of the stream (a delivery's entry, the
+        // newest id) see its own entries only, not every case's since the processes started.
+        let _: i64 = redis::cmd("XTRIM")
+            .arg(&stream)
+            .arg("MAXLEN")
+            .arg(0)
+            .query_async(&mut redis)
+            .await?;
         Ok(())
     }
 
