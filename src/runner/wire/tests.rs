@@ -141,6 +141,10 @@ async fn a_spare_on_standby_is_aborted_at_half_the_longest_hold_and_recorded_onc
     assert_eq!(stale.await, Release::Abort);
     standby.line(&recorder, line);
     assert_eq!(recorder.len(), 1, "recorded once live");
-    assert_eq!(newest.await, Release::Forward, "live: let go at the longest hold");
+    assert_eq!(
+        newest.await,
+        Release::Forward,
+        "live: let go at the longest hold"
+    );
     assert_eq!(gate.timeouts.lock().expect("poisoned").len(), 1);
 }
