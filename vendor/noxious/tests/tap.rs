@@ -8,7 +8,7 @@ use futures::FutureExt;
 use noxious::proxy::{ProxyConfig, ProxyRunner, Runner, Toxics};
 use noxious::signal::{Close, Stop, Stopper};
 use noxious::socket::TcpListener as EngineListener;
-use noxious::tap::{ConnInfo, ConnTap, Hold, Tap};
+use noxious::tap::{ConnInfo, ConnTap, Hold, Release, Tap};
 use noxious::toxic::{
     StreamDirection, Toxic, ToxicEvent, ToxicEventKind, ToxicEventResult, ToxicKind,
 };
@@ -57,7 +57,7 @@ impl ConnTap for ConnRecorder {
         let at = data.windows(4).position(|w| w == b"HOLD")?;
         let (release, released) = oneshot::channel();
         self.holds.lock().unwrap().push(release);
-        Some(Hold::new(at, released.map(|_| ())))
+        Some(Hold::new(at, released.map(|_| Release::Forward)))
     }
     fn to_client(&self, data: &Bytes) {
         let _ = self.events.send(Seen::ToClient(data.clone()));
