@@ -192,8 +192,8 @@ impl Processes {
         Ok(proc)
     }
 
-    /// Starts a process of `spec` through the links of `env[env_index]`; one on `standby` keeps
-    /// its log lines back (and its start is observed when it goes live, by its starter).
+    /// Starts a process of `spec` through the links of `env[env_index]`; one on `standby` has its
+    /// log lines recorded only once live (and its start is observed then, by its starter).
     pub(crate) fn launch(
         &mut self,
         env_index: usize,

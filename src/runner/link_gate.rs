@@ -80,8 +80,8 @@ pub(super) struct Gate {
     state: Mutex<GateState>,
     pub(super) changed: Notify,
     pub(super) timeouts: Arc<Mutex<Vec<String>>>,
-    /// Set for the gate of a process started ahead of need: its requests are held, and nothing
-    /// it does recorded, until it goes live.
+    /// Set for the gate of a process started ahead of need: until it goes live, its requests are
+    /// held for half the longest hold at most and nothing it does is recorded.
     standby: Option<Arc<Standby>>,
 }
 
@@ -123,24 +123,25 @@ impl Standby {
 
 impl Gate {
     pub(super) fn new(worker: &str, namespace: &str, max_hold: Duration) -> Arc<Gate> {
-        Arc::new(Gate {
-            worker: worker.to_owned(),
-            namespace: Mutex::new(namespace.to_owned()),
-            max_hold,
-            state: Mutex::new(GateState::default()),
-            changed: Notify::new(),
-            timeouts: Arc::default(),
-            standby: None,
-        })
+        Gate::with(worker, namespace, max_hold, None)
     }
 
-    /// The gate of a process on `standby`: a hold that outlasts the longest hold is aborted until
-    /// the process goes live.
+    /// The gate of a process on `standby`: until the process goes live, a hold that outlasts half
+    /// the longest hold is aborted.
     pub(super) fn on_standby(
         worker: &str,
         namespace: &str,
         max_hold: Duration,
         standby: Arc<Standby>,
+    ) -> Arc<Gate> {
+        Gate::with(worker, namespace, max_hold, Some(standby))
+    }
+
+    fn with(
+        worker: &str,
+        namespace: &str,
+        max_hold: Duration,
+        standby: Option<Arc<Standby>>,
     ) -> Arc<Gate> {
         Arc::new(Gate {
             worker: worker.to_owned(),
@@ -149,7 +150,7 @@ impl Gate {
             state: Mutex::new(GateState::default()),
             changed: Notify::new(),
             timeouts: Arc::default(),
-            standby: Some(standby),
+            standby,
         })
     }
 
