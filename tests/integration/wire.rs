@@ -526,100 +526,107 @@ impl Holder for HoldSets {
     }
 }
 
+/// A SET of a fresh key sent through a tapped Redis proxy that holds it, once it is held.
+struct HeldSet {
+    key: String,
+    tapped: Tapped,
+    /// Ends the hold (once).
+    release: Option<oneshot::Sender<Release>>,
+    /// The SET's answer, as its client got it.
+    setter: tokio::task::JoinHandle<redis::RedisResult<()>>,
+    /// Straight to Redis.
+    other: redis::aio::MultiplexedConnection,
+}
+
+impl HeldSet {
+    async fn send(bed: &TestBed, name: &str) -> anyhow::Result<HeldSet> {
+        let key = format!("{}:{name}", crate::namespace("wire-hold"));
+        let (held_tx, held_rx) = oneshot::channel();
+        let (release, release_rx) = oneshot::channel();
+        let holder = Arc::new(HoldSets {
+            key: key.clone(),
+            held: Mutex::new(Some(held_tx)),
+            release: Mutex::new(Some(release_rx)),
+        });
+        let tapped = Tapped::start(
+            &format!("redis-{name}"),
+            &bed.redis_direct_url(),
+            Protocol::Redis,
+            Some(holder),
+        )
+        .await?;
+        let held_client = redis::Client::open(tapped.url(&bed.redis_direct_url())?)?;
+        let mut held_conn = held_client.get_multiplexed_async_connection().await?;
+        let other = redis::Client::open(bed.redis_direct_url())?;
+        let other = other.get_multiplexed_async_connection().await?;
+        let setter = {
+            let key = key.clone();
+            tokio::spawn(async move {
+                redis::cmd("SET")
+                    .arg(&key)
+                    .arg("v")
+                    .query_async::<()>(&mut held_conn)
+                    .await
+            })
+        };
+        tokio::time::timeout(DEADLINE, held_rx).await??;
+        Ok(HeldSet {
+            key,
+            tapped,
+            release: Some(release),
+            setter,
+            other,
+        })
+    }
+
+    /// Ends the hold with `release`; the SET's answer.
+    async fn end(&mut self, release: Release) -> anyhow::Result<redis::RedisResult<()>> {
+        self.release
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("the hold was ended already"))?
+            .send(release)
+            .map_err(|_| anyhow::anyhow!("the hold was dropped"))?;
+        Ok(tokio::time::timeout(DEADLINE, &mut self.setter).await??)
+    }
+
+    async fn seen(&mut self) -> anyhow::Result<Option<String>> {
+        Ok(redis::cmd("GET")
+            .arg(&self.key)
+            .query_async(&mut self.other)
+            .await?)
+    }
+}
+
 /// A hold that ends in an abort (the wire runner killed the worker holding it): the SET never
 /// reaches Redis, and its client's connection ends instead of being answered.
 async fn an_aborted_held_set_never_reaches_redis(bed: &TestBed) -> anyhow::Result<()> {
     let _shared = bed.shared().await;
-    let key = format!("{}:aborted", crate::namespace("wire-hold"));
-    let (held_tx, held_rx) = oneshot::channel();
-    let (release_tx, release_rx) = oneshot::channel();
-    let holder = Arc::new(HoldSets {
-        key: key.clone(),
-        held: Mutex::new(Some(held_tx)),
-        release: Mutex::new(Some(release_rx)),
-    });
-    let tapped = Tapped::start(
-        "redis-abort",
-        &bed.redis_direct_url(),
-        Protocol::Redis,
-        Some(holder),
-    )
-    .await?;
-    let held_client = redis::Client::open(tapped.url(&bed.redis_direct_url())?)?;
-    let mut held_conn = held_client.get_multiplexed_async_connection().await?;
-    let other = redis::Client::open(bed.redis_direct_url())?;
-    let mut other = other.get_multiplexed_async_connection().await?;
-    let setter = {
-        let key = key.clone();
-        tokio::spawn(async move {
-            redis::cmd("SET")
-                .arg(&key)
-                .arg("v")
-                .query_async::<()>(&mut held_conn)
-                .await
-        })
-    };
-    tokio::time::timeout(DEADLINE, held_rx).await??;
-    release_tx
-        .send(Release::Abort)
-        .map_err(|_| anyhow::anyhow!("the hold was dropped"))?;
-    let answered = tokio::time::timeout(DEADLINE, setter).await??;
+    let mut set = HeldSet::send(bed, "aborted").await?;
+    let answered = set.end(Release::Abort).await?;
     anyhow::ensure!(
         answered.is_err(),
         "the aborted SET was answered: {answered:?}"
     );
-    let seen: Option<String> = redis::cmd("GET").arg(&key).query_async(&mut other).await?;
+    let seen = set.seen().await?;
     anyhow::ensure!(seen.is_none(), "an aborted SET reached Redis: {seen:?}");
-    tapped.stop().await;
+    set.tapped.stop().await;
     Ok(())
 }
 
 async fn a_held_set_is_invisible_to_others_until_released(bed: &TestBed) -> anyhow::Result<()> {
     let _shared = bed.shared().await;
-    let key = format!("{}:held", crate::namespace("wire-hold"));
-    let (held_tx, held_rx) = oneshot::channel();
-    let (release_tx, release_rx) = oneshot::channel();
-    let holder = Arc::new(HoldSets {
-        key: key.clone(),
-        held: Mutex::new(Some(held_tx)),
-        release: Mutex::new(Some(release_rx)),
-    });
-    let tapped = Tapped::start(
-        "redis-hold",
-        &bed.redis_direct_url(),
-        Protocol::Redis,
-        Some(holder),
-    )
-    .await?;
-    let held_client = redis::Client::open(tapped.url(&bed.redis_direct_url())?)?;
-    let mut held_conn = redis::aio::ConnectionManager::new(held_client).await?;
-    let other = redis::Client::open(bed.redis_direct_url())?;
-    let mut other = other.get_multiplexed_async_connection().await?;
-
-    let setter = {
-        let key = key.clone();
-        tokio::spawn(async move {
-            redis::cmd("SET")
-                .arg(&key)
-                .arg("v")
-                .query_async::<()>(&mut held_conn)
-                .await
-        })
-    };
-    tokio::time::timeout(DEADLINE, held_rx).await??;
-    let seen: Option<String> = redis::cmd("GET").arg(&key).query_async(&mut other).await?;
+    let mut held = HeldSet::send(bed, "held").await?;
+    let seen = held.seen().await?;
     anyhow::ensure!(seen.is_none(), "a held SET reached Redis: {seen:?}");
-    anyhow::ensure!(!setter.is_finished(), "the held SET was answered");
+    anyhow::ensure!(!held.setter.is_finished(), "the held SET was answered");
 
-    release_tx
-        .send(Release::Forward)
-        .map_err(|_| anyhow::anyhow!("the hold was dropped"))?;
-    tokio::time::timeout(DEADLINE, setter).await???;
-    let seen: Option<String> = redis::cmd("GET").arg(&key).query_async(&mut other).await?;
+    held.end(Release::Forward).await??;
+    let seen = held.seen().await?;
     anyhow::ensure!(
         seen.as_deref() == Some("v"),
         "released SET is visible: {seen:?}"
     );
+    let (key, tapped, mut other) = (held.key, held.tapped, held.other);
     let set = tapped
         .recorded
         .until("the held SET", |t| find(t, "SET", &key).cloned())
