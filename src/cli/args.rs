@@ -137,7 +137,10 @@ pub struct ReplayArgs {
     /// The log file, in any shape teams export, detected per file and line: logfmt, JSON (nested,
     /// camelCase, snake_case or dotted names) or Celery lines, behind `kubectl logs --prefix`,
     /// `stern` or `docker compose logs` prefixes or not; journald JSON, OTLP JSON, Loki and
-    /// Grafana exports, CSV. Streamed: any size.
+    /// Grafana exports, CSV; whole documents (a JSON array such as `gcloud logging read
+    /// --format=json`, CloudWatch's `{"events": [...]}`, an Elasticsearch `_search` response),
+    /// and records carrying the program's line in a string (Docker's `log`, a JSON `message`).
+    /// Streamed: any size. A leap second (`23:59:60`) is read as `23:59:59` of its minute.
     #[arg(required_unless_present = "system")]
     pub file: Option<PathBuf>,
     /// A field under the team's own name: NAME is the seed's (request_id, job_id, worker_id,

@@ -6,6 +6,7 @@
 //! reconstruction with the same helpers; a cause is found by its name here, and each is short.
 
 mod drain;
+mod redelivery;
 
 use super::story::{Attempt, Event, Reconstruction, RequestStory};
 use crate::contract::log::Status;
@@ -475,6 +476,20 @@ fn multiple_final_writes(story: &RequestStory, findings: &mut Vec<Finding>) {
     );
 }
 
+/// `second`'s lease taken before `first` ended, with both leases' lines and times.
+fn second_lease<'a>(
+    first: &'a Attempt,
+    second: &'a Attempt,
+    end: &Event,
+) -> Option<(&'a Event, &'a Event, i64, i64)> {
+    let (a, b) = (
+        first.find(Status::LeaseAcquired)?,
+        second.find(Status::LeaseAcquired)?,
+    );
+    (b.seq < end.seq).then_some(())?;
+    Some((a, b, a.millis?, b.millis?))
+}
+
 /// A redelivery or a second lease while the first attempt still ran, timed from the timestamps.
 fn timing(reconstruction: &Reconstruction, story: &RequestStory, findings: &mut Vec<Finding>) {
     for (i, first) in story.attempts.iter().enumerate() {
@@ -484,21 +499,18 @@ fn timing(reconstruction: &Reconstruction, story: &RequestStory, findings: &mut 
         let Some(end_ms) = end.millis else {
             continue;
         };
-        let Some(second) = story.attempts[i + 1..]
-            .iter()
-            .find(|b| running_at(reconstruction, first, b.start()) && b.start_millis().is_some())
-        else {
+        // A later attempt while this one ran: a second lease, or a redelivery the log shows (an
+        // overlap alone may be the API's own retry, which no queue timeout explains).
+        let Some(second) = story.attempts[i + 1..].iter().find(|b| {
+            running_at(reconstruction, first, b.start())
+                && b.start_millis().is_some()
+                && (second_lease(first, b, end).is_some()
+                    || redelivery::redelivered(reconstruction, story, first, b))
+        }) else {
             continue;
         };
         let processing = end_ms - started;
-        let leases = (
-            first.find(Status::LeaseAcquired),
-            second.find(Status::LeaseAcquired),
-        );
-        let finding = if let (Some(a), Some(b)) = leases
-            && b.seq < end.seq
-            && let (Some(a_ms), Some(b_ms)) = (a.millis, b.millis)
-        {
+        let finding = if let Some((a, b, a_ms, b_ms)) = second_lease(first, second, end) {
             let implied = b_ms - a_ms;
             let mut lines = vec![a.line, b.line, end.line];
             lines.extend(first.find(Status::LeaseLost).map(|e| e.line));
@@ -722,19 +734,16 @@ fn new_job_id_per_retry(story: &RequestStory, findings: &mut Vec<Finding>) {
     if !story.named {
         return;
     }
-    // First line bearing each distinct id, with its attempt.
+    // First line bearing each distinct id, with the first attempt that ran under it (the line
+    // may be the submitter's, which is no attempt: the API's submission comes first).
     let mut jobs: Vec<(&str, usize, Option<&Attempt>)> = Vec::new();
     let mut keys: Vec<(&str, usize, Option<&Attempt>)> = Vec::new();
     for (event, attempt) in story.events() {
-        if let Some(job) = event.job_id.as_deref()
-            && !jobs.iter().any(|(j, _, _)| *j == job)
-        {
-            jobs.push((job, event.line, attempt));
+        if let Some(job) = event.job_id.as_deref() {
+            note_id(&mut jobs, job, event.line, attempt);
         }
-        if let Some(key) = event.idempotency_key.as_deref()
-            && !keys.iter().any(|(k, _, _)| *k == key)
-        {
-            keys.push((key, event.line, attempt));
+        if let Some(key) = event.idempotency_key.as_deref() {
+            note_id(&mut keys, key, event.line, attempt);
         }
     }
     let mut said = Vec::new();
@@ -776,6 +785,19 @@ fn new_job_id_per_retry(story: &RequestStory, findings: &mut Vec<Finding>) {
         lines,
         actors,
     ));
+}
+
+/// Notes a line bearing `id`: its first line, and the first attempt that ran under it.
+fn note_id<'a>(
+    ids: &mut Vec<(&'a str, usize, Option<&'a Attempt>)>,
+    id: &'a str,
+    line: usize,
+    attempt: Option<&'a Attempt>,
+) {
+    match ids.iter_mut().find(|(known, _, _)| *known == id) {
+        Some((_, _, ran)) => *ran = ran.or(attempt),
+        None => ids.push((id, line, attempt)),
+    }
 }
 
 /// Every model version the log names.

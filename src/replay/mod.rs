@@ -3,7 +3,8 @@
 //!
 //! - [`parse`] reads the log as teams' platforms export it (logfmt, JSON, Celery's worker format,
 //!   behind `kubectl`, `stern` or `docker compose` prefixes; journald JSON, OTLP JSON, Loki and
-//!   Grafana exports, CSV), streamed in bounded memory, saying where it found each field and
+//!   Grafana exports, CSV; whole JSON documents: arrays, CloudWatch events, Elasticsearch
+//!   `_search` hits; JSON or logfmt inside a string field), streamed in bounded memory, saying where it found each field and
 //!   what the lines it could not use looked like;
 //! - [`story`] groups them per request into attempts (worker, version, what each did, in time
 //!   order), with cutovers, invalidations and worker starts and losses beside them;

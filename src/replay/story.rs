@@ -8,11 +8,15 @@
 //! that key or job id (a Celery task id). An attempt is one worker's execution: a logged attempt
 //! number pins it; without one, a second receive of the same job is a redelivery (a new attempt)
 //! and other lines join the worker's attempt still running.
+//!
+//! Roles come from what the lines say: a process whose lines for a request only submit it (submit,
+//! enqueue, accept, wait, time out waiting, resubmit; never a receipt, a model call or a write) is
+//! its submitter, the API, not a worker: its lines stay with the request, in no attempt.
 
-use crate::contract::log::Status;
-use crate::contract::log::parse::{Parsed, ParsedLine};
+use crate::contract::log::parse::{Parsed, ParsedLine, canonical_field};
+use crate::contract::log::{LogLine, Status};
 use serde::Serialize;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// One line of a story.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -40,6 +44,14 @@ pub struct Event {
     /// write only when its attempt logged no write of its own.
     #[serde(skip)]
     pub returned: bool,
+    /// Whether the line says the submitter's side of the request (`submitted`, `enqueued`,
+    /// `resubmitted`): the API sending the job, not a worker running it.
+    #[serde(skip)]
+    pub submits: bool,
+    /// Whether the line says the queue had delivered it before (a receive count above 1, a
+    /// redelivered flag).
+    #[serde(skip)]
+    pub redelivered: bool,
     /// Job id on this line.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub job_id: Option<String>,
@@ -209,8 +221,13 @@ pub struct RequestStory {
     pub named: bool,
     /// Attempts in order of their first line.
     pub attempts: Vec<Attempt>,
-    /// Lines about the request that belong to no attempt (e.g. `overwrite_detected`).
+    /// Lines about the request that belong to no attempt (e.g. `overwrite_detected`, the
+    /// submitter's lines).
     pub other: Vec<Event>,
+    /// Processes that only submitted the request (the API: submit, wait, resubmit): not workers,
+    /// their lines are under `other`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub submitters: Vec<String>,
 }
 
 impl RequestStory {
@@ -315,8 +332,52 @@ fn time_order(lines: &[ParsedLine]) -> Vec<usize> {
     order
 }
 
-fn field<'a>(line: &'a crate::contract::log::LogLine, key: &str) -> Option<&'a str> {
+fn field<'a>(line: &'a LogLine, key: &str) -> Option<&'a str> {
     line.get(key).filter(|v| !v.is_empty() && *v != "-")
+}
+
+/// The request a line concerns: its request id, else the request another line gave its job id or
+/// idempotency key, else that key or job id.
+fn request_of<'a>(line: &'a LogLine, owner: &HashMap<&'a str, &'a str>) -> Option<&'a str> {
+    field(line, "request_id")
+        .or_else(|| field(line, "job_id").and_then(|j| owner.get(j).copied()))
+        .or_else(|| field(line, "idempotency_key").and_then(|k| owner.get(k).copied()))
+        .or_else(|| field(line, "idempotency_key"))
+        .or_else(|| field(line, "job_id"))
+}
+
+/// The line as an event ranked `seq`; `submitted` is the submission word it says, if any.
+fn event_of(parsed: &ParsedLine, seq: usize, submitted: Option<&str>) -> Event {
+    let ParsedLine {
+        line_no,
+        line,
+        millis,
+    } = parsed;
+    let word = line.status_word();
+    let status = line.status().or(submitted).unwrap_or("-");
+    Event {
+        line: *line_no,
+        ts: line.ts.clone(),
+        millis: *millis,
+        seq,
+        status: status.to_owned(),
+        word,
+        final_write: final_write(line),
+        returned: line.get("runtime_s").is_some(),
+        submits: submitted.is_some(),
+        redelivered: says_redelivered(line),
+        job_id: field(line, "job_id").map(str::to_owned),
+        idempotency_key: field(line, "idempotency_key").map(str::to_owned),
+        cache_key: field(line, "cache_key").map(str::to_owned),
+        served_version: field(line, "served_model_version")
+            .or_else(|| field(line, "cached_model_version"))
+            .map(str::to_owned),
+    }
+}
+
+fn final_write(line: &LogLine) -> bool {
+    line.status_word().is_some_and(Status::is_final_write)
+        || line.get("write") == Some("result_store")
 }
 
 /// Groups the lines into stories.
@@ -332,6 +393,12 @@ pub fn reconstruct(parsed: &Parsed) -> Reconstruction {
             }
         }
     }
+    let said: Vec<Option<&str>> = parsed
+        .lines
+        .iter()
+        .map(|l| submission_word(&l.line))
+        .collect();
+    let submitters = submitters(parsed, &owner, &said);
     let mut reconstruction = Reconstruction::default();
     let mut index: HashMap<String, usize> = HashMap::new();
     for (seq, i) in time_order(&parsed.lines).into_iter().enumerate() {
@@ -340,31 +407,11 @@ pub fn reconstruct(parsed: &Parsed) -> Reconstruction {
             line,
             millis,
         } = &parsed.lines[i];
-        let word = line.status_word();
-        let event = Event {
-            line: *line_no,
-            ts: line.ts.clone(),
-            millis: *millis,
-            seq,
-            status: line.status().unwrap_or("-").to_owned(),
-            word,
-            final_write: word.is_some_and(Status::is_final_write)
-                || line.get("write") == Some("result_store"),
-            returned: line.get("runtime_s").is_some(),
-            job_id: field(line, "job_id").map(str::to_owned),
-            idempotency_key: field(line, "idempotency_key").map(str::to_owned),
-            cache_key: field(line, "cache_key").map(str::to_owned),
-            served_version: field(line, "served_model_version")
-                .or_else(|| field(line, "cached_model_version"))
-                .map(str::to_owned),
-        };
+        let event = event_of(&parsed.lines[i], seq, said[i]);
+        let word = event.word;
         let worker = field(line, "worker_id");
         let request_id = field(line, "request_id");
-        let request = request_id
-            .or_else(|| field(line, "job_id").and_then(|j| owner.get(j).copied()))
-            .or_else(|| field(line, "idempotency_key").and_then(|k| owner.get(k).copied()))
-            .or_else(|| field(line, "idempotency_key"))
-            .or_else(|| field(line, "job_id"));
+        let request = request_of(line, &owner);
         match word {
             Some(Status::Cutover) => {
                 reconstruction.cutovers.push(CutoverLine {
@@ -403,6 +450,7 @@ pub fn reconstruct(parsed: &Parsed) -> Reconstruction {
                 named: false,
                 attempts: Vec::new(),
                 other: Vec::new(),
+                submitters: Vec::new(),
             });
             reconstruction.requests.len() - 1
         });
@@ -417,42 +465,16 @@ pub fn reconstruct(parsed: &Parsed) -> Reconstruction {
             }
             continue;
         };
-        let process = field(line, "process").filter(|p| *p != "MainProcess");
-        let ambiguous = line.get("attribution") == Some("ambiguous");
-        let at = attempt_for(
-            story,
-            worker,
-            number,
-            process,
-            word,
-            event.returned && !ambiguous,
-        );
-        let attempt = &mut story.attempts[at];
-        let fill = |slot: &mut Option<String>, value: Option<&str>| {
-            if slot.is_none() {
-                *slot = value.map(str::to_owned);
+        // The submitter's lines (the API's) are about the request, not an execution of it: no
+        // attempt, so no diagnosis about workers counts the API as one.
+        if submitters.contains(&(request, worker)) {
+            if !story.submitters.iter().any(|s| s == worker) {
+                story.submitters.push(worker.to_owned());
             }
-        };
-        fill(&mut attempt.process, process);
-        fill(&mut attempt.model_version, field(line, "model_version"));
-        fill(
-            &mut attempt.backend_endpoint,
-            field(line, "backend_endpoint"),
-        );
-        fill(&mut attempt.cache_key, field(line, "cache_key"));
-        let mut event = event;
-        // One attempt stores its result once. Celery's `succeeded in` (the task returned) is that
-        // write only when the task logged none of its own: after a `write=result_store` line of
-        // the same attempt it is the same write, not a second one.
-        let returned = |e: &Event| e.final_write && e.returned;
-        if event.final_write {
-            if event.returned {
-                event.final_write = !attempt.events.iter().any(|e| e.final_write);
-            } else if let Some(earlier) = attempt.events.iter_mut().find(|e| returned(e)) {
-                earlier.final_write = false;
-            }
+            story.other.push(event);
+            continue;
         }
-        attempt.events.push(event);
+        join_attempt(story, line, worker, number, event);
     }
     for story in &mut reconstruction.requests {
         story.attempts.sort_by_key(Attempt::start);
@@ -460,14 +482,202 @@ pub fn reconstruct(parsed: &Parsed) -> Reconstruction {
     reconstruction
 }
 
-/// The attempt a worker's line belongs to, created if need be.
+/// Puts a worker's line into its attempt (see [`attempt_for`]), filling what the attempt had not
+/// logged yet.
+fn join_attempt(
+    story: &mut RequestStory,
+    line: &LogLine,
+    worker: &str,
+    number: Option<u32>,
+    mut event: Event,
+) {
+    let process = field(line, "process").filter(|p| *p != "MainProcess");
+    let ambiguous = line.get("attribution") == Some("ambiguous");
+    // Celery's `succeeded in N s` says when the execution it ends began.
+    let ran_from = line
+        .get("runtime_s")
+        .and_then(|r| r.trim().parse::<f64>().ok())
+        .filter(|r| r.is_finite() && *r >= 0.0)
+        .zip(event.millis)
+        .map(|(runtime, at)| at - (runtime * 1000.0).round() as i64);
+    let returned = (event.returned && !ambiguous).then_some(ran_from);
+    let at = attempt_for(story, worker, number, process, event.word, returned);
+    let attempt = &mut story.attempts[at];
+    let fill = |slot: &mut Option<String>, value: Option<&str>| {
+        if slot.is_none() {
+            *slot = value.map(str::to_owned);
+        }
+    };
+    fill(&mut attempt.process, process);
+    fill(&mut attempt.model_version, field(line, "model_version"));
+    fill(
+        &mut attempt.backend_endpoint,
+        field(line, "backend_endpoint"),
+    );
+    fill(&mut attempt.cache_key, field(line, "cache_key"));
+    // One attempt stores its result once. Celery's `succeeded in` (the task returned) is that
+    // write only when the task logged none of its own: after a `write=result_store` line of
+    // the same attempt it is the same write, not a second one.
+    let returned = |e: &Event| e.final_write && e.returned;
+    if event.final_write {
+        if event.returned {
+            event.final_write = !attempt.events.iter().any(|e| e.final_write);
+        } else if let Some(earlier) = attempt.events.iter_mut().find(|e| returned(e)) {
+            earlier.final_write = false;
+        }
+    }
+    attempt.events.push(event);
+}
+
+/// Words that put a line on the submitter's side of a request: it sent the job, or sent it again.
+/// (Waiting for the result, or timing out waiting, is said by both sides: it decides nothing.)
+const SUBMISSION_WORDS: &[&str] = &[
+    "submit",
+    "submits",
+    "submitted",
+    "submitting",
+    "resubmit",
+    "resubmits",
+    "resubmitted",
+    "resubmitting",
+    "enqueue",
+    "enqueues",
+    "enqueued",
+    "enqueuing",
+    "enqueueing",
+    "queued",
+    "accepted",
+    "published",
+];
+
+/// The submission word a line's status or message says (`submitted`, `enqueued`, `resubmitted`,
+/// `jobSubmitted`), if any; not a queue's own re-enqueue (`Re-enqueued N orphaned tasks`), which
+/// is a redelivery.
+fn submission_word(line: &LogLine) -> Option<&'static str> {
+    let texts = line.fields.iter().filter(|(key, _)| {
+        let tail = key.rsplit('.').next().unwrap_or(key);
+        key == "status_text" || canonical_field(tail) == Some("status")
+    });
+    for (_, text) in texts {
+        // Cheap refusal first, without a copy: every line of a log comes here.
+        let has = |stem: &str| {
+            text.as_bytes()
+                .windows(stem.len())
+                .any(|w| w.eq_ignore_ascii_case(stem.as_bytes()))
+        };
+        if !["submit", "queue", "accepted", "published"]
+            .into_iter()
+            .any(has)
+        {
+            continue;
+        }
+        let mut previous = String::new();
+        for word in words(text) {
+            if previous != "re"
+                && let Some(found) = SUBMISSION_WORDS.iter().find(|w| **w == word)
+            {
+                return Some(found);
+            }
+            previous = word;
+        }
+    }
+    None
+}
+
+/// Lower-case words of a text, split at anything not alphanumeric and at camelCase humps.
+fn words(text: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut current = String::new();
+    let mut previous_lower = false;
+    for c in text.chars() {
+        if !c.is_alphanumeric() {
+            if !current.is_empty() {
+                words.push(std::mem::take(&mut current));
+            }
+            previous_lower = false;
+            continue;
+        }
+        if c.is_uppercase() && previous_lower && !current.is_empty() {
+            words.push(std::mem::take(&mut current));
+        }
+        previous_lower = c.is_lowercase() || c.is_ascii_digit();
+        current.extend(c.to_lowercase());
+    }
+    if !current.is_empty() {
+        words.push(current);
+    }
+    words
+}
+
+/// Whether the line says the queue delivered it before: a receive count above 1 (SQS's
+/// `ApproximateReceiveCount`, a `delivery_count`) or a redelivered flag (AMQP's, kombu's
+/// `delivery_info.redelivered`).
+fn says_redelivered(line: &LogLine) -> bool {
+    let count = line
+        .get("queue_receive_count")
+        .and_then(|c| c.trim().parse::<u64>().ok());
+    count.is_some_and(|c| c > 1)
+        || line.fields.iter().any(|(key, value)| {
+            let tail: String = key
+                .rsplit('.')
+                .next()
+                .unwrap_or(key)
+                .chars()
+                .filter(char::is_ascii_alphanumeric)
+                .map(|c| c.to_ascii_lowercase())
+                .collect();
+            matches!(
+                tail.as_str(),
+                "redelivered" | "isredelivered" | "redelivery"
+            ) && matches!(
+                value.trim().to_ascii_lowercase().as_str(),
+                "true" | "1" | "yes"
+            )
+        })
+}
+
+/// The submitters of each request, as (request, worker): a process whose lines for the request
+/// say it submitted it (or resubmitted it) and never that it executed it (no receipt, no cache,
+/// no model call, no write; waiting, or timing out waiting, for the result is either side's).
+/// Decided from what the lines say, never from the process's name: an API pod is a submitter
+/// because it only submits.
+fn submitters<'a>(
+    parsed: &'a Parsed,
+    owner: &HashMap<&'a str, &'a str>,
+    said: &[Option<&str>],
+) -> HashSet<(&'a str, &'a str)> {
+    let mut sides: HashMap<(&str, &str), (bool, bool)> = HashMap::new();
+    for (ParsedLine { line, .. }, said) in parsed.lines.iter().zip(said) {
+        let (Some(request), Some(worker)) = (request_of(line, owner), field(line, "worker_id"))
+        else {
+            continue;
+        };
+        let submits = said.is_some();
+        let works = final_write(line)
+            || line
+                .status_word()
+                .is_some_and(|w| !submits && w != Status::TimeoutWaitingUpstream);
+        let side = sides.entry((request, worker)).or_default();
+        side.0 |= submits;
+        side.1 |= works;
+    }
+    sides
+        .into_iter()
+        .filter(|(_, (submits, works))| *submits && !*works)
+        .map(|(pair, _)| pair)
+        .collect()
+}
+
+/// The attempt a worker's line belongs to, created if need be. `returned` is set for a
+/// framework's "the task returned" line (Celery's `succeeded in N s`), with when the execution it
+/// ends began, if the line says.
 fn attempt_for(
     story: &mut RequestStory,
     worker: &str,
     number: Option<u32>,
     process: Option<&str>,
     word: Option<Status>,
-    returned: bool,
+    returned: Option<Option<i64>>,
 ) -> usize {
     let next = story.attempts.iter().map(|a| a.attempt).max().unwrap_or(0) + 1;
     let create = |number: u32, story: &mut RequestStory| {
@@ -542,30 +752,75 @@ fn attempt_for(
             _ => create(next, story),
         };
     }
+    let takes = |a: &Attempt| returned.is_none_or(|from| may_return(a, from));
     if let Some(process) = process {
-        if let Some(&i) = open
-            .iter()
-            .find(|&&i| story.attempts[i].process.as_deref() == Some(process))
-        {
+        let on = |i: usize| story.attempts[i].process.as_deref() == Some(process);
+        if let Some(&i) = open.iter().find(|&&i| on(i) && takes(&story.attempts[i])) {
             return i;
         }
         // Celery's `succeeded in` comes after the task's own last line ended the attempt: it is
         // that attempt's, the last one that ran on this process (not when the worker is two
         // workers that cannot be told apart: their process names repeat).
-        if returned
+        if returned.is_some()
             && let Some(&i) = mine
                 .iter()
                 .rev()
-                .find(|&&i| story.attempts[i].process.as_deref() == Some(process))
+                .find(|&&i| on(i) && takes(&story.attempts[i]))
         {
             return i;
         }
-        if let Some(&i) = open.iter().find(|&&i| story.attempts[i].process.is_none()) {
+        if let Some(&i) = open
+            .iter()
+            .find(|&&i| story.attempts[i].process.is_none() && takes(&story.attempts[i]))
+        {
             return i;
         }
+    }
+    if let Some(from) = returned {
+        return returned_to(story, &open, &mine, from).unwrap_or_else(|| create(next, story));
     }
     if let Some(&i) = open.first().or(mine.last()) {
         return i;
     }
     create(next, story)
 }
+
+/// Whether a framework's "the task returned" line whose execution began at `from` can end
+/// `attempt`: a task returns once per execution (Celery logs one `succeeded in N s` for each),
+/// and the attempt must have been received by the time that execution began.
+fn may_return(attempt: &Attempt, from: Option<i64>) -> bool {
+    !attempt.events.iter().any(|e| e.returned)
+        && from.is_none_or(|from| {
+            attempt
+                .start_millis()
+                .is_none_or(|start| start <= from + RETURN_SLACK_MS)
+        })
+}
+
+/// The attempt a "the task returned" line ends when no attempt on its process can: one of its
+/// worker's (`open`, then `mine` latest first), else, when none of those can have run it, the
+/// line bears another worker's name (output merged by time, a second worker's banner in
+/// between) and ends the attempt of any worker that had received the task by then: an open one,
+/// the latest received.
+fn returned_to(
+    story: &RequestStory,
+    open: &[usize],
+    mine: &[usize],
+    from: Option<i64>,
+) -> Option<usize> {
+    let takes = |i: usize| may_return(&story.attempts[i], from);
+    let own = open
+        .iter()
+        .chain(mine.iter().rev())
+        .copied()
+        .find(|&i| takes(i));
+    own.or_else(|| {
+        (0..story.attempts.len())
+            .filter(|&i| takes(i))
+            .max_by_key(|&i| (story.attempts[i].end().is_none(), story.attempts[i].start()))
+    })
+}
+
+/// How far a `succeeded in N s` may put its execution's start before its receipt: the runtime is
+/// rounded as printed, the receipt logged just before the execution.
+const RETURN_SLACK_MS: i64 = 1_000;

@@ -884,4 +884,5 @@ worker-a | [2026-11-30 00:24:23,290: INFO/ForkPoolWorker-1] Task tasks.infer_nai
     );
 }
 
+mod roles;
 mod shapes;

@@ -7,6 +7,12 @@
 //! - platform exports whose records carry the program's line inside ([`records`]): journald
 //!   JSON, OTLP JSON from the OpenTelemetry collector, Loki's API responses and `logcli` lines,
 //!   Grafana data frames (one JSON object per line, or one pretty-printed document);
+//! - records whose program line is inside a string ([`records`]): Docker's json-file `log`,
+//!   Fluent Bit's and Vector's `log`, a CloudWatch event's `message`, read as the record's
+//!   fields keyed under that field (`message.request_id`);
+//! - whole JSON documents ([`document`]): an array of records (`gcloud logging read
+//!   --format=json`), CloudWatch's `{"events": [...]}`, an Elasticsearch `_search` response,
+//!   streamed record by record, each numbered by the line it starts on;
 //! - CSV exports with a header row ([`table`]).
 //!
 //! Every record becomes a [`LogLine`] in the seed's vocabulary ([`fields`]: spellings folded,
@@ -21,6 +27,7 @@
 //! bytes are malformed lines, never a panic or a hang.
 
 mod celery;
+mod document;
 mod fields;
 mod logfmt;
 mod prefix;
@@ -36,6 +43,7 @@ pub use words::status_of;
 use super::{Level, format_timestamp};
 use super::{LogLine, Status};
 use celery::{CELERY_BANNER, celery_line, celery_message};
+use document::{Record, Sink, Top};
 use fields::{Meaning, Meanings, Raw, canonical, level_of, top_meaning};
 use logfmt::logfmt;
 use records::{Entry, Json, Origin};
@@ -44,7 +52,7 @@ use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::io::BufRead;
 use std::sync::LazyLock;
-use stream::{Lines, Next};
+use stream::{Lines, Next, Rest, TooBig};
 use table::Table;
 
 /// Lines longer than this are refused (a log line is not a data dump).
@@ -54,8 +62,8 @@ pub const MAX_LINE: usize = 64 * 1024;
 pub const MAX_KEPT: usize = 100_000;
 /// Malformed lines listed (every one is counted).
 pub const MAX_MALFORMED: usize = 1_000;
-/// A pretty-printed JSON export (one document, not one record per line) larger than this is
-/// refused: it must be held whole to be parsed.
+/// A value of a JSON document held whole (one record, or a document racecert knows no wrapper
+/// of) larger than this is refused; the records of an array or a known wrapper are streamed.
 pub const MAX_DOCUMENT: usize = 256 << 20;
 /// Unrelated lines shown as samples.
 const UNRELATED_SAMPLES: usize = 3;
@@ -138,6 +146,9 @@ pub struct Parsed {
     pub ambiguous: Vec<(usize, String)>,
     /// Relevant records read but not kept (over the limit of kept lines).
     pub not_kept: usize,
+    /// Records read from whole JSON documents (several may share a line, so records, not lines,
+    /// are what such a file counts).
+    pub document_records: usize,
     /// Physical lines read.
     pub lines_read: usize,
     /// Bytes read.
@@ -242,7 +253,7 @@ pub fn parse_reader<R: BufRead>(input: R, options: &Options) -> std::io::Result<
         let next = lines.next_line()?;
         parsed.lines_read = lines.number;
         parsed.bytes = lines.bytes;
-        let line_no = lines.number;
+        let mut line_no = lines.number;
         if line_no == 1 && lines.line.starts_with(b"\xEF\xBB\xBF") {
             // A byte-order mark (spreadsheet exports write one) is not part of the first line.
             lines.line.drain(..3);
@@ -262,8 +273,15 @@ pub fn parse_reader<R: BufRead>(input: R, options: &Options) -> std::io::Result<
         if state.mode.is_none() && !lines.line.iter().all(u8::is_ascii_whitespace) {
             state.mode = Some(decide(&lines.line));
             if state.mode == Some(Mode::Document) {
-                document(&mut lines, &mut reader, &mut parsed, options)?;
-                break;
+                let broken = document(&mut lines, &mut reader, &mut parsed, options)?;
+                parsed.lines_read = lines.number;
+                parsed.bytes = lines.bytes;
+                if !broken {
+                    break;
+                }
+                // No document after all: the line it broke on, and the rest, as lines.
+                state.mode = Some(Mode::Lines);
+                line_no = lines.number;
             }
         }
         let raw = std::mem::take(&mut lines.line);
@@ -409,6 +427,7 @@ fn one_line(
                 let entry = Entry {
                     origin,
                     text: Some(message),
+                    carrier: None,
                 };
                 vec![reader.entry(entry, None)]
             })
@@ -526,84 +545,124 @@ fn concerns(line: &LogLine, only: &str, linked: &mut HashSet<String>) -> bool {
         })
 }
 
-/// A JSON document over many lines (a pretty-printed export): held whole, up to
-/// [`MAX_DOCUMENT`], then read as a container; if it is no JSON document after all (a truncated
-/// first line of a JSON-lines log), its lines are read one by one.
+/// JSON documents over many lines (a pretty-printed export, an array of records, an object
+/// that wraps them): streamed record by record ([`document`]), each numbered by the line it
+/// starts on. If the input is no JSON document after all (a truncated first line of a JSON-lines
+/// log), the line it breaks on and the lines after it are read one by one.
 fn document<R: BufRead>(
     lines: &mut Lines<R>,
     reader: &mut Reader,
     parsed: &mut Parsed,
     options: &Options,
-) -> std::io::Result<()> {
+) -> std::io::Result<bool> {
     let start = lines.number;
-    let mut buffer = std::mem::take(&mut lines.line);
-    buffer.push(b'\n');
-    loop {
-        match lines.next_line()? {
-            Next::End => break,
-            Next::TooLong(length) => {
-                parsed.malformed(
-                    lines.number,
-                    format!("line of {length} bytes exceeds {MAX_LINE}"),
-                    b"",
+    let mut rest = Rest::new(lines);
+    let at = rest.at.clone();
+    let mut state = State {
+        mode: Some(Mode::Document),
+        ..State::default()
+    };
+    let mut deserializer = serde_json::Deserializer::from_reader(&mut rest);
+    let mut records = |record: Record| {
+        // The text of a record is kept only while samples of unrelated records are wanted.
+        let sample = if parsed.unrelated_samples.len() < UNRELATED_SAMPLES {
+            record.value.to_string()
+        } else {
+            String::new()
+        };
+        reader.line_no = record.line;
+        parsed.document_records += 1;
+        match reader.json(record.value, None, "") {
+            Ok(reads) => {
+                let kind = reader.kind;
+                reader.tally(record.shape, kind);
+                // Records are numbered by their own lines: nothing shifts the ones after them.
+                state.shift = 0;
+                take(
+                    reads,
+                    record.line,
+                    sample.as_bytes(),
+                    &mut state,
+                    reader,
+                    parsed,
+                    options,
                 );
-                return Ok(());
             }
-            Next::Line => {
-                buffer.extend_from_slice(&lines.line);
-                buffer.push(b'\n');
+            Err(reason) => parsed.malformed(record.line, reason, sample.as_bytes()),
+        }
+    };
+    let mut first = start;
+    let outcome = loop {
+        let mut sink = Sink {
+            at: at.clone(),
+            records: &mut records,
+        };
+        match document::top(&mut sink, &mut deserializer) {
+            Ok(Top::Streamed) => {}
+            Ok(Top::Whole(value)) => {
+                at.held.set(0);
+                records(Record {
+                    line: first,
+                    value,
+                    shape: "",
+                });
             }
+            Err(err) => break Err(err),
         }
-        if buffer.len() > MAX_DOCUMENT {
-            parsed.malformed(
-                start,
-                format!(
-                    "a JSON document over {} MB: export one record per line instead (logcli --output=jsonl, the collector's file exporter)",
-                    MAX_DOCUMENT >> 20
-                ),
-                &buffer[..EXCERPT.min(buffer.len())],
-            );
-            // The rest is read, not held, so the counts stay right.
-            while !matches!(lines.next_line()?, Next::End) {}
-            parsed.lines_read = lines.number;
-            parsed.bytes = lines.bytes;
-            return Ok(());
+        // Another document may follow (`jq .` over JSON lines writes one after another).
+        match deserializer.end() {
+            Ok(()) => break Ok(()),
+            Err(_) => first = at.line.get(),
         }
+    };
+    drop(deserializer);
+    let err = match outcome {
+        Ok(()) => {
+            rest.finish();
+            return Ok(false);
+        }
+        Err(err) => err,
+    };
+    if err.is_io() {
+        let io = std::io::Error::from(err);
+        if io.get_ref().is_none_or(|inner| !inner.is::<TooBig>()) {
+            return Err(io);
+        }
+        let line = at.line.get();
+        parsed.malformed(
+            first,
+            format!("{TooBig} at line {line}: export one record per line, or an array of records"),
+            b"",
+        );
+        // The rest is read, not held, so the counts stay right.
+        let mut next = rest.resume()?;
+        while !matches!(next, Next::End) {
+            next = lines.next_line()?;
+        }
+        return Ok(false);
     }
-    parsed.lines_read = lines.number;
-    parsed.bytes = lines.bytes;
-    let value: Result<serde_json::Value, _> = serde_json::from_slice(&buffer);
-    let read = value.map_err(|err| err.to_string()).and_then(records::read);
-    match read {
-        Ok(Json::Entries(shape, entries)) => {
-            reader.kind = shape;
-            reader.tally("", shape);
-            let reads: Vec<Read> = entries
-                .into_iter()
-                .map(|entry| reader.entry(entry, None))
-                .collect();
-            let mut state = State::default();
-            take(reads, start, &buffer, &mut state, reader, parsed, options);
-            if let Some(container) = parsed.containers.last_mut() {
-                container.shape = shape;
-            }
-        }
-        // Not one document: its lines, one by one.
-        _ => {
-            let mut state = State {
-                mode: Some(Mode::Lines),
-                ..State::default()
-            };
-            let mut again = Lines::new(&buffer[..]);
-            while let Next::Line = again.next_line()? {
-                let line_no = start + again.number - 1;
-                let raw = std::mem::take(&mut again.line);
-                one_line(&raw, line_no, &mut state, reader, parsed, options);
-                again.line = raw;
-            }
-        }
+    if err.is_eof() {
+        // A download cut short: the records before the cut were read; the one it cut is named.
+        rest.finish();
+        parsed.malformed(
+            first,
+            format!(
+                "a JSON document that ends at line {} before it closes (a download cut short?)",
+                lines.number
+            ),
+            b"",
+        );
+        return Ok(false);
     }
-    Ok(())
+    // Not a document: the line it broke on is read as a line, and so are the ones after it.
+    let broken = at.line.get();
+    if broken > first {
+        parsed.malformed(first, format!("an unfinished JSON record ({err})"), b"");
+    }
+    match rest.resume()? {
+        Next::End => Ok(false),
+        _ => Ok(true),
+    }
 }
 
 fn finish(parsed: &mut Parsed, reader: Reader) {
@@ -770,27 +829,9 @@ impl<'o> Reader<'o> {
         }
         let (stamp, json) = prefix::split_timestamp(body).unwrap_or(("", body));
         if json.starts_with('{') {
-            self.banner = false;
             let value: serde_json::Value =
                 serde_json::from_str(json).map_err(|err| format!("invalid JSON: {err}"))?;
-            return match records::read(value)? {
-                Json::Plain(mut raw) => {
-                    self.kind = "JSON";
-                    celery_in_json(&mut raw);
-                    raw.worker = source.map(str::to_owned);
-                    if raw.ts.is_none() && !stamp.is_empty() {
-                        raw.ts = Some(stamp.to_owned());
-                    }
-                    Ok(vec![self.finish(raw)])
-                }
-                Json::Entries(shape, entries) => {
-                    self.kind = shape;
-                    Ok(entries
-                        .into_iter()
-                        .map(|entry| self.entry(entry, source))
-                        .collect())
-                }
-            };
+            return self.json(value, source, stamp);
         }
         if let Some(line) = celery_line(body) {
             self.banner = false;
@@ -843,6 +884,34 @@ impl<'o> Reader<'o> {
         Ok(vec![self.finish(raw)])
     }
 
+    /// A JSON record (or a platform's container of records), from a line or a document.
+    fn json(
+        &mut self,
+        value: serde_json::Value,
+        source: Option<&str>,
+        stamp: &str,
+    ) -> Result<Vec<Read>, String> {
+        self.banner = false;
+        match records::read(value)? {
+            Json::Plain(mut raw) => {
+                self.kind = "JSON";
+                celery_in_json(&mut raw);
+                raw.worker = source.map(str::to_owned);
+                if raw.ts.is_none() && !stamp.is_empty() {
+                    raw.ts = Some(stamp.to_owned());
+                }
+                Ok(vec![self.finish(raw)])
+            }
+            Json::Entries(shape, entries) => {
+                self.kind = shape;
+                Ok(entries
+                    .into_iter()
+                    .map(|entry| self.entry(entry, source))
+                    .collect())
+            }
+        }
+    }
+
     /// A container's record: its own line read like any line, then completed by the container.
     fn entry(&mut self, entry: Entry, source: Option<&str>) -> Read {
         let mut origin = entry.origin;
@@ -852,6 +921,12 @@ impl<'o> Reader<'o> {
         let text = entry.text.unwrap_or_default();
         let body = text.trim();
         let mut raw = self.inner(body, &origin);
+        if let Some(carrier) = entry.carrier {
+            for (key, _) in &mut raw.fields {
+                key.insert(0, '.');
+                key.insert_str(0, carrier);
+            }
+        }
         origin.fill(&mut raw);
         self.finish(raw)
     }

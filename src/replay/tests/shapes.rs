@@ -311,3 +311,165 @@ fn the_corpus_reads_cleanly_and_clean_requests_stay_clean() {
         }
     }
 }
+
+/// `gcloud logging read --format=json`: one pretty-printed array of LogEntry objects, newest
+/// first; each record numbered by the line it starts on, its fields from `jsonPayload` and the
+/// pod from `resource.labels`.
+#[test]
+fn a_gcloud_array_shows_the_late_write_of_the_old_version() {
+    let analysis = expect(
+        corpus!("late-write.gcloud.json"),
+        &[
+            (Cause::MultipleWorkers, "g-41", &[92, 210]),
+            (Cause::LateWrite, "g-41", &[2, 32]),
+            (Cause::VersionSkew, "g-41", &[92, 210]),
+            (Cause::RetryWhileRunning, "g-41", &[92, 210]),
+            (Cause::MultipleFinalWrites, "g-41", &[2, 32]),
+            (Cause::NewJobIdPerRetry, "g-41", &[92, 210]),
+        ],
+    );
+    assert_eq!(
+        (analysis.lines, analysis.malformed.len()),
+        (8, 0),
+        "{}",
+        analysis.text()
+    );
+    let text = analysis.text();
+    assert!(text.contains("shapes: JSON array › JSON (8)"), "{text}");
+    assert!(
+        text.contains("worker_id <- `resource.labels.pod_name` (8 from line 2)"),
+        "{text}"
+    );
+}
+
+/// The same entries as compact JSON lines give the same diagnoses, record for record: the
+/// pretty array's lines are where its records start.
+#[test]
+fn a_pretty_array_and_its_json_lines_give_the_same_diagnoses() {
+    let pretty = corpus!("late-write.gcloud.json");
+    let values: Vec<serde_json::Value> = serde_json::from_str(pretty).unwrap();
+    let compact: String = values.iter().map(|v| format!("{v}\n")).collect();
+    // Where each record of the pretty array starts (`json.dumps(indent=2)`: `  {`).
+    let starts: Vec<usize> = pretty
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| *line == "  {")
+        .map(|(i, _)| i + 1)
+        .collect();
+    assert_eq!(starts.len(), values.len());
+    let findings = |log: &str, number: &dyn Fn(usize) -> usize| {
+        analyse(log.as_bytes(), None)
+            .findings
+            .iter()
+            .map(|f| {
+                let lines: Vec<usize> = f.lines.iter().map(|l| number(*l)).collect();
+                (f.cause, f.request_id.clone(), lines)
+            })
+            .collect::<Vec<_>>()
+    };
+    let record_of = |line: usize| starts.iter().position(|s| *s == line).unwrap() + 1;
+    assert_eq!(
+        findings(pretty, &record_of),
+        findings(&compact, &|line| line)
+    );
+    assert!(!findings(&compact, &|line| line).is_empty());
+}
+
+/// `aws logs filter-log-events`: one object, `{"events": [...]}`, each event's `message` the
+/// application's own JSON line inside a string; the worker is the event's log stream.
+#[test]
+fn a_cloudwatch_export_reads_the_json_inside_each_message() {
+    let analysis = expect(
+        corpus!("double-write.cloudwatch.json"),
+        &[
+            (Cause::MultipleWorkers, "r-100", &[10, 38]),
+            (Cause::RetryWhileRunning, "r-100", &[10, 38]),
+            (Cause::MultipleFinalWrites, "r-100", &[59, 73]),
+            (Cause::VisibilityTimeoutTooShort, "r-100", &[10, 38, 59]),
+        ],
+    );
+    let text = analysis.text();
+    assert!(
+        text.contains("shapes: CloudWatch events › CloudWatch event (12)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("request_id <- `message.req_id` (10 from line 10)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("worker_id <- `logStreamName` (12 from line 3)"),
+        "{text}"
+    );
+    assert_eq!(analysis.malformed.len(), 0);
+}
+
+/// An Elasticsearch `_search` response of Filebeat's ECS documents: the records are
+/// `hits.hits[]._source`, the request's fields under `labels`.
+#[test]
+fn an_elasticsearch_search_response_shows_the_expired_lease() {
+    let analysis = expect(
+        corpus!("lease-expiry.es-search.json"),
+        &[
+            (Cause::MultipleWorkers, "r-200", &[17, 119]),
+            (Cause::LateWrite, "r-200", &[221, 288]),
+            (Cause::RetryWhileRunning, "r-200", &[17, 119]),
+            (Cause::MultipleFinalWrites, "r-200", &[221, 288]),
+            (Cause::LeaseTtlTooShort, "r-200", &[51, 153, 255, 288]),
+        ],
+    );
+    let text = analysis.text();
+    assert!(
+        text.contains("shapes: Elasticsearch _search response › JSON (9)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("worker_id <- `kubernetes.pod.name` (9 from line 17)"),
+        "{text}"
+    );
+}
+
+/// Loki's query API (`query_range`), each stream's values newest first, JSON lines inside:
+/// the records numbered one after another from the document's first line.
+#[test]
+fn a_loki_query_response_of_json_lines_shows_the_new_id_retry() {
+    let analysis = analyse(corpus!("new-id-retry.loki-query.json").as_bytes(), None);
+    let found: Vec<(Cause, &str)> = analysis
+        .findings
+        .iter()
+        .map(|f| (f.cause, f.request_id.as_str()))
+        .collect();
+    assert!(
+        found.contains(&(Cause::NewJobIdPerRetry, "order-77"))
+            && found.contains(&(Cause::MultipleFinalWrites, "order-77"))
+            && found.contains(&(Cause::RetryWhileRunning, "order-77")),
+        "{}",
+        analysis.text()
+    );
+    assert_eq!(
+        finding(&analysis, Cause::NewJobIdPerRetry).lines,
+        vec![4, 7]
+    );
+    assert_eq!((analysis.lines, analysis.malformed.len()), (7, 0));
+}
+
+/// Docker's json-file driver: each line a record whose `log` is the program's own line (here
+/// tracing's JSON), read as the record's fields under `log`.
+#[test]
+fn docker_json_file_lines_show_the_job_lost_after_an_early_ack() {
+    let analysis = expect(
+        corpus!("lost-job-oom.docker.json.log"),
+        &[
+            (Cause::LostJob, "inv-551", &[2, 3, 7]),
+            (Cause::AckBeforeFinalWrite, "inv-551", &[3, 7]),
+        ],
+    );
+    let text = analysis.text();
+    assert!(text.contains("shapes: Docker json-file (8)"), "{text}");
+    assert!(
+        text.contains("request_id <- `log.fields.requestId` (5 from line 2)"),
+        "{text}"
+    );
+    // The program's own timestamp, not the driver's.
+    assert!(text.contains("ts <- `log.timestamp`"), "{text}");
+}

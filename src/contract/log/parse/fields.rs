@@ -148,9 +148,15 @@ pub(super) fn meaning(key: &str) -> Option<Meaning> {
 }
 
 /// Objects in which loggers and exporters put a record's own fields: tracing's JSON format
-/// (`fields`), OpenTelemetry-style `attributes`, Loki `labels`, Python's `extra`, `context`.
-/// A key under one of them means what it means at the top.
+/// (`fields`), OpenTelemetry-style `attributes`, Loki `labels`, Python's `extra`, `context`; and
+/// the string fields in which shippers carry the program's own record (`log`, `message`, `msg`,
+/// `textPayload`, read as its fields under that key). A key under them means what it means at
+/// the top, however deep (`log.fields.requestId`).
 const WRAPPERS: &[&str] = &[
+    "log.",
+    "message.",
+    "msg.",
+    "textPayload.",
     "fields.",
     "attributes.",
     "attrs.",
@@ -162,12 +168,13 @@ const WRAPPERS: &[&str] = &[
 
 /// The meaning of a key at the top or under a wrapper ([`WRAPPERS`]).
 pub(super) fn top_meaning(key: &str) -> Option<Meaning> {
-    meaning(key).or_else(|| {
-        WRAPPERS
-            .iter()
-            .find_map(|w| key.strip_prefix(w))
-            .and_then(meaning)
-    })
+    let mut key = key;
+    loop {
+        if let Some(found) = meaning(key) {
+            return Some(found);
+        }
+        key = WRAPPERS.iter().find_map(|w| key.strip_prefix(w))?;
+    }
 }
 
 /// The meaning of a dotted key: the whole key's, else that of its shortest tail that has one
@@ -210,7 +217,7 @@ fn folded_meaning(folded: &str) -> Option<Meaning> {
         }
         "workerid" | "worker" | "workername" => Meaning::Field("worker_id"),
         "podname" | "pod" | "k8spodname" => Meaning::Host(0),
-        "containername" | "container" => Meaning::Host(1),
+        "containername" | "container" | "logstreamname" => Meaning::Host(1),
         "hostname" | "host" | "nodename" => Meaning::Host(2),
         "instance" | "serviceinstanceid" => Meaning::Host(3),
         "pid" | "process" | "processname" | "processpid" | "processid" => Meaning::Process,
@@ -290,9 +297,12 @@ fn quick_timestamp(text: &str) -> Option<jiff::Timestamp> {
         nanos = number(20..20 + digits)? * 10i64.pow(9 - digits as u32);
         rest = &fraction[digits..];
     }
-    if !(rest.is_empty() || rest == b"Z") || hour > 23 || minute > 59 || second > 59 {
+    if !(rest.is_empty() || rest == b"Z") || hour > 23 || minute > 59 || second > 60 {
         return None;
     }
+    // A leap second (`23:59:60.5`) is read as the last second of its minute, fraction kept, as
+    // the general reader (jiff) reads it: the two readers never disagree on a line.
+    let second = second.min(59);
     // The date checked by the calendar (months' lengths, leap years), then days since the epoch
     // by the civil-from-days inverse (H. Hinnant's `days_from_civil`).
     jiff::civil::Date::new(year as i16, month as i8, day as i8).ok()?;
@@ -306,10 +316,16 @@ fn quick_timestamp(text: &str) -> Option<jiff::Timestamp> {
     jiff::Timestamp::new(seconds, nanos as i32).ok()
 }
 
-/// Whether a timestamp that was read is written as [`format_timestamp`] writes it.
+/// Whether a timestamp that was read is written as [`format_timestamp`] writes it (a leap
+/// second is not: it was read as `:59`, and is written so).
 fn is_seed_timestamp(ts: &str) -> bool {
     let b = ts.as_bytes();
-    b.len() == 24 && b[0].is_ascii_digit() && b[10] == b'T' && b[19] == b'.' && b[23] == b'Z'
+    b.len() == 24
+        && b[0].is_ascii_digit()
+        && b[10] == b'T'
+        && b[19] == b'.'
+        && b[23] == b'Z'
+        && &b[17..19] != b"60"
 }
 
 /// Every other shape [`read_timestamp`] reads.
@@ -632,6 +648,22 @@ mod tests {
             if is_seed_timestamp(&text) && let Some(at) = read_timestamp(&text) {
                 prop_assert_eq!(format_timestamp(at), text);
             }
+        }
+
+        /// A leap second is read as `:59` of its minute by every reader, and written so.
+        #[test]
+        fn a_leap_second_is_the_last_second_of_its_minute(
+            date in (1u32..=9999, 1u32..=12, 1u32..=28),
+            time in (0u32..=23, 0u32..=59),
+            millis in 0u32..1000,
+        ) {
+            let ((year, month, day), (hour, minute)) = (date, time);
+            let leap = format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:60.{millis:03}Z");
+            let last = format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:59.{millis:03}Z");
+            let at = read_timestamp(&last).unwrap();
+            prop_assert_eq!(quick_timestamp(&leap), Some(at));
+            prop_assert_eq!(any_timestamp(&leap), Some(at));
+            prop_assert_eq!(read_timestamp(&leap).map(format_timestamp), Some(last));
         }
 
         /// Valid timestamps of any day: the quick reader reads them all.

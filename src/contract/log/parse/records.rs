@@ -72,6 +72,10 @@ impl Origin {
 pub(super) struct Entry {
     pub origin: Origin,
     pub text: Option<String>,
+    /// The key whose string value held `text`, when a shipper wrapped the program's line in a
+    /// JSON record (`log`, `message`): the fields read from it are keyed under it
+    /// (`message.request_id`), so the report says where each came from.
+    pub carrier: Option<&'static str>,
 }
 
 /// What a JSON value was.
@@ -128,6 +132,7 @@ pub(super) fn read(value: Value) -> Result<Json, String> {
         let entry = Entry {
             origin,
             text: Some(line.clone()),
+            carrier: None,
         };
         return Ok(Json::Entries("logcli JSON lines", vec![entry]));
     }
@@ -142,9 +147,73 @@ pub(super) fn read(value: Value) -> Result<Json, String> {
         let Value::Object(object) = value else {
             unreachable!("built from an object above")
         };
-        return Ok(Json::Plain(plain(object)));
+        return Ok(carried(object));
     }
-    Ok(Json::Plain(plain(object)))
+    Ok(carried(object))
+}
+
+/// Keys in which log shippers put the program's own line as a string: Docker's json-file driver,
+/// Fluent Bit and Vector (`log`), CloudWatch events and most shippers (`message`, `msg`),
+/// Cloud Logging (`textPayload`).
+const CARRIERS: [&str; 4] = ["log", "message", "msg", "textPayload"];
+
+/// An ordinary record, or one whose line is inside a string: `log` always (a shipper's record of
+/// a container's output, whatever the program wrote), the others when the string is itself a
+/// JSON object or a logfmt line naming a seed field (free text stays the record's message).
+fn carried(mut object: Map<String, Value>) -> Json {
+    let carrier = CARRIERS.into_iter().find(|key| match object.get(*key) {
+        Some(Value::String(text)) => *key == "log" || holds_a_record(text),
+        _ => false,
+    });
+    let Some(carrier) = carrier else {
+        return Json::Plain(plain(object));
+    };
+    let Some(Value::String(text)) = object.remove(carrier) else {
+        unreachable!("found above")
+    };
+    let has = |key: &str| object.contains_key(key);
+    let shape = if has("eventId") || has("logStreamName") || has("ingestionTime") {
+        "CloudWatch event"
+    } else if carrier == "log" && has("stream") && has("time") {
+        "Docker json-file"
+    } else if carrier == "textPayload" {
+        "Cloud Logging entry"
+    } else {
+        match carrier {
+            "log" => "JSON, line in `log`",
+            "msg" => "JSON, record in `msg`",
+            _ => "JSON, record in `message`",
+        }
+    };
+    // The outer record's time, level and place stay ordinary fields after the inner ones: where
+    // the program's line names its own, the line's win.
+    let origin = Origin {
+        fields: plain(object).fields,
+        ..Origin::default()
+    }
+    .identify();
+    Json::Entries(
+        shape,
+        vec![Entry {
+            origin,
+            text: Some(text),
+            carrier: Some(carrier),
+        }],
+    )
+}
+
+/// Whether a string is a record of its own: a JSON object, or a logfmt line naming a seed field.
+fn holds_a_record(text: &str) -> bool {
+    let text = text.trim();
+    if text.starts_with('{') {
+        return text.ends_with('}') && serde_json::from_str::<Map<String, Value>>(text).is_ok();
+    }
+    text.contains('=')
+        && super::logfmt::logfmt(text).is_ok_and(|raw| {
+            raw.fields.iter().any(|(key, _)| {
+                matches!(meaning(key), Some(Meaning::Field(_) | Meaning::Message(0)))
+            })
+        })
 }
 
 /// An ordinary JSON record, nested objects flattened with dotted keys (arrays stay JSON text).
@@ -244,6 +313,7 @@ fn journald(object: Map<String, Value>) -> Entry {
         }
         .identify(),
         text,
+        carrier: None,
     }
 }
 
@@ -359,7 +429,11 @@ fn otlp(root: &Value) -> Vec<Entry> {
                     worker: None,
                 }
                 .identify();
-                entries.push(Entry { origin, text });
+                entries.push(Entry {
+                    origin,
+                    text,
+                    carrier: None,
+                });
             }
         }
     }
@@ -403,6 +477,7 @@ fn loki_streams(streams: &[Value]) -> Vec<Entry> {
             entries.push(Entry {
                 origin,
                 text: pair.get(1).map(text_of),
+                carrier: None,
             });
         }
     }
@@ -496,6 +571,7 @@ fn frame(object: &Map<String, Value>, entries: &mut Vec<Entry>) {
         entries.push(Entry {
             origin,
             text: line.and_then(cell).map(text_of),
+            carrier: None,
         });
     }
 }

@@ -2,8 +2,10 @@
 //! in constant memory, and a line longer than [`super::MAX_LINE`] is measured and skipped
 //! without being held (a 1 GB file with no newline costs one buffer, not a gigabyte).
 
-use super::MAX_LINE;
-use std::io::{BufRead, ErrorKind};
+use super::document::Position;
+use super::{MAX_DOCUMENT, MAX_LINE};
+use std::io::{BufRead, ErrorKind, Read};
+use std::rc::Rc;
 
 /// What the next line was.
 pub(super) enum Next {
@@ -78,6 +80,133 @@ impl<R: BufRead> Lines<R> {
             self.line.pop();
         }
         Ok(Next::Line)
+    }
+}
+
+/// The input from the current line on, as bytes for a reader of whole documents: it moves the
+/// shared [`Position`] byte by byte, keeps the physical line being read (so that, if the
+/// document breaks, that line can be read on its own), and stops with [`TooBig`] once one value
+/// held whole passes [`MAX_DOCUMENT`].
+pub(super) struct Rest<'a, R> {
+    lines: &'a mut Lines<R>,
+    /// The current line and its newline, given first.
+    replay: Vec<u8>,
+    given: usize,
+    pub at: Rc<Position>,
+    /// The bytes of the physical line being read, up to [`MAX_LINE`].
+    pub current: Vec<u8>,
+}
+
+/// The error [`Rest`] stops with when one value held whole grows past [`MAX_DOCUMENT`].
+#[derive(Debug)]
+pub(super) struct TooBig;
+
+impl std::fmt::Display for TooBig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "a JSON value over {} MB held whole", MAX_DOCUMENT >> 20)
+    }
+}
+
+impl std::error::Error for TooBig {}
+
+impl<'a, R: BufRead> Rest<'a, R> {
+    pub(super) fn new(lines: &'a mut Lines<R>) -> Rest<'a, R> {
+        let mut replay = std::mem::take(&mut lines.line);
+        replay.push(b'\n');
+        let at = Rc::new(Position::default());
+        at.line.set(lines.number);
+        Rest {
+            lines,
+            replay,
+            given: 0,
+            at,
+            current: Vec::new(),
+        }
+    }
+
+    /// Back to reading lines: the line the document broke on, whole, in [`Lines::line`] (or
+    /// [`Next::End`] when the input ended). Lines read since stay counted.
+    pub(super) fn resume(self) -> std::io::Result<Next> {
+        let Rest {
+            lines,
+            replay,
+            given,
+            at,
+            mut current,
+        } = self;
+        if given < replay.len() {
+            // Broken on the first line: the rest of it was never given out.
+            current.extend_from_slice(&replay[given..replay.len() - 1]);
+            lines.number = at.line.get();
+            lines.line = current;
+            return Ok(Next::Line);
+        }
+        lines.number = at.line.get() - 1;
+        let next = lines.next_line()?;
+        if let Next::Line = next {
+            current.extend_from_slice(&lines.line);
+            lines.line = current;
+        } else if !current.is_empty() {
+            lines.line = current;
+            return Ok(Next::Line);
+        }
+        Ok(next)
+    }
+
+    /// Lines read, once the document has ended.
+    pub(super) fn finish(self) {
+        let line = self.at.line.get();
+        self.lines.number = if self.current.is_empty() {
+            line - 1
+        } else {
+            line
+        };
+    }
+
+    fn given(&mut self, byte: u8) -> std::io::Result<()> {
+        if byte == b'\n' {
+            self.at.line.set(self.at.line.get() + 1);
+            self.current.clear();
+        } else if self.current.len() <= MAX_LINE {
+            self.current.push(byte);
+        }
+        let held = self.at.held.get() + 1;
+        self.at.held.set(held);
+        if held > MAX_DOCUMENT as u64 {
+            return Err(std::io::Error::other(TooBig));
+        }
+        Ok(())
+    }
+}
+
+impl<R: BufRead> Read for Rest<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        // serde_json reads one byte at a time: one is given per call, so the position is exact
+        // when a visitor reads it.
+        let byte = if self.given < self.replay.len() {
+            self.given += 1;
+            self.replay[self.given - 1]
+        } else {
+            let available = loop {
+                match self.lines.reader.fill_buf() {
+                    Ok(available) => break available,
+                    Err(err) if err.kind() == ErrorKind::Interrupted => continue,
+                    Err(err) => return Err(err),
+                }
+            };
+            let Some(&byte) = available.first() else {
+                return Ok(0);
+            };
+            self.lines.reader.consume(1);
+            self.lines.bytes += 1;
+            byte
+        };
+        self.given(byte)?;
+        buf[0] = byte;
+        Ok(1)
     }
 }
 

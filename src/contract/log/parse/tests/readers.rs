@@ -328,18 +328,56 @@ fn unusable_lines_are_shown_as_they_looked() {
 }
 
 #[test]
-fn a_truncated_pretty_document_is_read_line_by_line() {
+fn a_truncated_pretty_document_is_one_malformed_record() {
     let parsed = read("{\n  \"status\": \"success\",\n  \"data\": {\n");
     assert_eq!(parsed.lines_read, 3);
+    let malformed: Vec<(usize, &str)> = parsed
+        .malformed
+        .iter()
+        .map(|m| (m.line_no, m.reason.as_str()))
+        .collect();
     assert_eq!(
-        parsed
-            .malformed
-            .iter()
-            .map(|m| m.line_no)
-            .collect::<Vec<_>>(),
-        vec![1, 2, 3],
+        malformed,
+        vec![(
+            1,
+            "a JSON document that ends at line 3 before it closes (a download cut short?)"
+        )],
         "{parsed:#?}"
     );
+}
+
+/// An array cut short keeps the records before the cut, each at the line it starts on.
+#[test]
+fn a_truncated_array_keeps_its_whole_records() {
+    let parsed = read(
+        "[\n  {\"request_id\": \"r-1\", \"status\": \"acked\"},\n  {\n    \"request_id\": \"r-2\",\n",
+    );
+    let lines: Vec<usize> = parsed.lines.iter().map(|l| l.line_no).collect();
+    assert_eq!(lines, vec![2]);
+    assert_eq!(parsed.malformed[0].line_no, 1);
+    assert_eq!(parsed.lines_read, 4);
+}
+
+/// A JSON-lines log whose first line was cut: that line is malformed, the lines after it are
+/// read one by one as ever.
+#[test]
+fn a_cut_first_line_of_json_lines_leaves_the_rest_readable() {
+    let parsed = read(
+        "{\"request_id\": \"r-1\", \"sta\n{\"request_id\": \"r-2\", \"status\": \"acked\"}\nrequest_id=r-3 status=acked\n",
+    );
+    let lines: Vec<(usize, Option<&str>)> = parsed
+        .lines
+        .iter()
+        .map(|l| (l.line_no, l.line.get("request_id")))
+        .collect();
+    assert_eq!(
+        lines,
+        vec![(2, Some("r-2")), (3, Some("r-3"))],
+        "{parsed:#?}"
+    );
+    assert_eq!(parsed.malformed.len(), 1, "{parsed:#?}");
+    assert_eq!(parsed.malformed[0].line_no, 1);
+    assert_eq!(parsed.lines_read, 3);
 }
 
 #[test]
