@@ -13,7 +13,7 @@
 //! enqueue, accept, wait, time out waiting, resubmit; never a receipt, a model call or a write) is
 //! its submitter, the API, not a worker: its lines stay with the request, in no attempt.
 
-use crate::contract::log::parse::{Parsed, ParsedLine, canonical_field};
+use crate::contract::log::parse::{Parsed, ParsedLine, canonical_field, words};
 use crate::contract::log::{LogLine, Status};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
@@ -582,31 +582,6 @@ fn submission_word(line: &LogLine) -> Option<&'static str> {
         }
     }
     None
-}
-
-/// Lower-case words of a text, split at anything not alphanumeric and at camelCase humps.
-fn words(text: &str) -> Vec<String> {
-    let mut words = Vec::new();
-    let mut current = String::new();
-    let mut previous_lower = false;
-    for c in text.chars() {
-        if !c.is_alphanumeric() {
-            if !current.is_empty() {
-                words.push(std::mem::take(&mut current));
-            }
-            previous_lower = false;
-            continue;
-        }
-        if c.is_uppercase() && previous_lower && !current.is_empty() {
-            words.push(std::mem::take(&mut current));
-        }
-        previous_lower = c.is_lowercase() || c.is_ascii_digit();
-        current.extend(c.to_lowercase());
-    }
-    if !current.is_empty() {
-        words.push(current);
-    }
-    words
 }
 
 /// Whether the line says the queue delivered it before: a receive count above 1 (SQS's

@@ -37,13 +37,12 @@ mod table;
 mod words;
 
 pub use fields::{FieldMap, canonical_field, read_timestamp};
-pub use words::status_of;
+pub use words::{status_of, words};
 
 #[cfg(test)]
 use super::{Level, format_timestamp};
 use super::{LogLine, Status};
 use celery::{CELERY_BANNER, celery_line, celery_message};
-use document::{Record, Sink, Top};
 use fields::{Meaning, Meanings, Raw, canonical, level_of, top_meaning};
 use logfmt::logfmt;
 use records::{Entry, Json, Origin};
@@ -52,7 +51,7 @@ use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::io::BufRead;
 use std::sync::LazyLock;
-use stream::{Lines, Next, Rest, TooBig};
+use stream::{Lines, Next};
 use table::Table;
 
 /// Lines longer than this are refused (a log line is not a data dump).
@@ -273,7 +272,7 @@ pub fn parse_reader<R: BufRead>(input: R, options: &Options) -> std::io::Result<
         if state.mode.is_none() && !lines.line.iter().all(u8::is_ascii_whitespace) {
             state.mode = Some(decide(&lines.line));
             if state.mode == Some(Mode::Document) {
-                let broken = document(&mut lines, &mut reader, &mut parsed, options)?;
+                let broken = document::read(&mut lines, &mut reader, &mut parsed, options)?;
                 parsed.lines_read = lines.number;
                 parsed.bytes = lines.bytes;
                 if !broken {
@@ -543,126 +542,6 @@ fn concerns(line: &LogLine, only: &str, linked: &mut HashSet<String>) -> bool {
                     | Status::CacheInvalidated
             )
         })
-}
-
-/// JSON documents over many lines (a pretty-printed export, an array of records, an object
-/// that wraps them): streamed record by record ([`document`]), each numbered by the line it
-/// starts on. If the input is no JSON document after all (a truncated first line of a JSON-lines
-/// log), the line it breaks on and the lines after it are read one by one.
-fn document<R: BufRead>(
-    lines: &mut Lines<R>,
-    reader: &mut Reader,
-    parsed: &mut Parsed,
-    options: &Options,
-) -> std::io::Result<bool> {
-    let start = lines.number;
-    let mut rest = Rest::new(lines);
-    let at = rest.at.clone();
-    let mut state = State {
-        mode: Some(Mode::Document),
-        ..State::default()
-    };
-    let mut deserializer = serde_json::Deserializer::from_reader(&mut rest);
-    let mut records = |record: Record| {
-        // The text of a record is kept only while samples of unrelated records are wanted.
-        let sample = if parsed.unrelated_samples.len() < UNRELATED_SAMPLES {
-            record.value.to_string()
-        } else {
-            String::new()
-        };
-        reader.line_no = record.line;
-        parsed.document_records += 1;
-        match reader.json(record.value, None, "") {
-            Ok(reads) => {
-                let kind = reader.kind;
-                reader.tally(record.shape, kind);
-                // Records are numbered by their own lines: nothing shifts the ones after them.
-                state.shift = 0;
-                take(
-                    reads,
-                    record.line,
-                    sample.as_bytes(),
-                    &mut state,
-                    reader,
-                    parsed,
-                    options,
-                );
-            }
-            Err(reason) => parsed.malformed(record.line, reason, sample.as_bytes()),
-        }
-    };
-    let mut first = start;
-    let outcome = loop {
-        let mut sink = Sink {
-            at: at.clone(),
-            records: &mut records,
-        };
-        match document::top(&mut sink, &mut deserializer) {
-            Ok(Top::Streamed) => {}
-            Ok(Top::Whole(value)) => {
-                at.held.set(0);
-                records(Record {
-                    line: first,
-                    value,
-                    shape: "",
-                });
-            }
-            Err(err) => break Err(err),
-        }
-        // Another document may follow (`jq .` over JSON lines writes one after another).
-        match deserializer.end() {
-            Ok(()) => break Ok(()),
-            Err(_) => first = at.line.get(),
-        }
-    };
-    drop(deserializer);
-    let err = match outcome {
-        Ok(()) => {
-            rest.finish();
-            return Ok(false);
-        }
-        Err(err) => err,
-    };
-    if err.is_io() {
-        let io = std::io::Error::from(err);
-        if io.get_ref().is_none_or(|inner| !inner.is::<TooBig>()) {
-            return Err(io);
-        }
-        let line = at.line.get();
-        parsed.malformed(
-            first,
-            format!("{TooBig} at line {line}: export one record per line, or an array of records"),
-            b"",
-        );
-        // The rest is read, not held, so the counts stay right.
-        let mut next = rest.resume()?;
-        while !matches!(next, Next::End) {
-            next = lines.next_line()?;
-        }
-        return Ok(false);
-    }
-    if err.is_eof() {
-        // A download cut short: the records before the cut were read; the one it cut is named.
-        rest.finish();
-        parsed.malformed(
-            first,
-            format!(
-                "a JSON document that ends at line {} before it closes (a download cut short?)",
-                lines.number
-            ),
-            b"",
-        );
-        return Ok(false);
-    }
-    // Not a document: the line it broke on is read as a line, and so are the ones after it.
-    let broken = at.line.get();
-    if broken > first {
-        parsed.malformed(first, format!("an unfinished JSON record ({err})"), b"");
-    }
-    match rest.resume()? {
-        Next::End => Ok(false),
-        _ => Ok(true),
-    }
 }
 
 fn finish(parsed: &mut Parsed, reader: Reader) {

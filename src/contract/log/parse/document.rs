@@ -13,10 +13,13 @@
 //! Each record is numbered by the line its first byte is on, read from a counter the input
 //! shares with the visitors, so a diagnosis cites the line a team's editor opens at.
 
+use super::stream::{Lines, Next, Rest, TooBig};
+use super::{Mode, Options, Parsed, Reader, State, UNRELATED_SAMPLES, take};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 use std::cell::Cell;
 use std::fmt;
+use std::io::BufRead;
 use std::rc::Rc;
 
 /// One record of a document.
@@ -35,6 +38,126 @@ pub(super) enum Top {
     Streamed,
     /// No wrapper racecert knows: the value whole, to be read as one record or container.
     Whole(Value),
+}
+
+/// JSON documents over many lines (a pretty-printed export, an array of records, an object
+/// that wraps them): streamed record by record ([`document`]), each numbered by the line it
+/// starts on. If the input is no JSON document after all (a truncated first line of a JSON-lines
+/// log), the line it breaks on and the lines after it are read one by one.
+pub(super) fn read<R: BufRead>(
+    lines: &mut Lines<R>,
+    reader: &mut Reader,
+    parsed: &mut Parsed,
+    options: &Options,
+) -> std::io::Result<bool> {
+    let start = lines.number;
+    let mut rest = Rest::new(lines);
+    let at = rest.at.clone();
+    let mut state = State {
+        mode: Some(Mode::Document),
+        ..State::default()
+    };
+    let mut deserializer = serde_json::Deserializer::from_reader(&mut rest);
+    let mut records = |record: Record| {
+        // The text of a record is kept only while samples of unrelated records are wanted.
+        let sample = if parsed.unrelated_samples.len() < UNRELATED_SAMPLES {
+            record.value.to_string()
+        } else {
+            String::new()
+        };
+        reader.line_no = record.line;
+        parsed.document_records += 1;
+        match reader.json(record.value, None, "") {
+            Ok(reads) => {
+                let kind = reader.kind;
+                reader.tally(record.shape, kind);
+                // Records are numbered by their own lines: nothing shifts the ones after them.
+                state.shift = 0;
+                take(
+                    reads,
+                    record.line,
+                    sample.as_bytes(),
+                    &mut state,
+                    reader,
+                    parsed,
+                    options,
+                );
+            }
+            Err(reason) => parsed.malformed(record.line, reason, sample.as_bytes()),
+        }
+    };
+    let mut first = start;
+    let outcome = loop {
+        let mut sink = Sink {
+            at: at.clone(),
+            records: &mut records,
+        };
+        match top(&mut sink, &mut deserializer) {
+            Ok(Top::Streamed) => {}
+            Ok(Top::Whole(value)) => {
+                at.held.set(0);
+                records(Record {
+                    line: first,
+                    value,
+                    shape: "",
+                });
+            }
+            Err(err) => break Err(err),
+        }
+        // Another document may follow (`jq .` over JSON lines writes one after another).
+        match deserializer.end() {
+            Ok(()) => break Ok(()),
+            Err(_) => first = at.line.get(),
+        }
+    };
+    drop(deserializer);
+    let err = match outcome {
+        Ok(()) => {
+            rest.finish();
+            return Ok(false);
+        }
+        Err(err) => err,
+    };
+    if err.is_io() {
+        let io = std::io::Error::from(err);
+        if io.get_ref().is_none_or(|inner| !inner.is::<TooBig>()) {
+            return Err(io);
+        }
+        let line = at.line.get();
+        parsed.malformed(
+            first,
+            format!("{TooBig} at line {line}: export one record per line, or an array of records"),
+            b"",
+        );
+        // The rest is read, not held, so the counts stay right.
+        let mut next = rest.resume()?;
+        while !matches!(next, Next::End) {
+            next = lines.next_line()?;
+        }
+        return Ok(false);
+    }
+    if err.is_eof() {
+        // A download cut short: the records before the cut were read; the one it cut is named.
+        rest.finish();
+        parsed.malformed(
+            first,
+            format!(
+                "a JSON document that ends at line {} before it closes (a download cut short?)",
+                lines.number
+            ),
+            b"",
+        );
+        return Ok(false);
+    }
+    // Not a document: the line it broke on is read as a line, and so are the ones after it.
+    let broken = at.line.get();
+    if broken > first {
+        parsed.malformed(first, format!("an unfinished JSON record ({err})"), b"");
+    }
+    match rest.resume()? {
+        Next::End => Ok(false),
+        _ => Ok(true),
+    }
 }
 
 /// Where the reader of a document is: shared by the input, which moves it, and the visitors,

@@ -324,7 +324,7 @@ const PHRASINGS: &[(Status, &[&[&str]])] = &[
 
 /// Lower-case words of a text: split at anything not alphanumeric and at camelCase humps. At
 /// most 64 words: a status is said in the first few.
-fn words(text: &str) -> Vec<String> {
+pub fn words(text: &str) -> Vec<String> {
     let mut words: Vec<String> = Vec::new();
     let mut current = String::new();
     let mut previous_lower = false;
