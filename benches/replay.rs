@@ -9,7 +9,9 @@
 //! the process's peak resident memory after each; asserts only that the garbage ends.
 //!
 //! `cargo bench --bench replay` (1 GB each), `cargo bench --bench replay -- --mb 200` for a
-//! smaller run, `-- --shape N` for the stories of one shape only (0-5, in the order above), `-- --log-only`
+//! smaller run, `-- --shape N` for the stories of one shape only (0-5, in the order above; 6
+//! Docker json-file lines over tracing JSON, 7 a pretty-printed `gcloud logging read` array, 8 an
+//! `aws logs filter-log-events` object: these three are not in the default mix), `-- --log-only`
 //! to skip the random bytes (to profile the log's reading alone). Numbers go to BENCHMARKS.md by hand, with this command.
 
 use racecert::contract::log::parse::{self, Options};
@@ -48,10 +50,103 @@ infer-celery-7f9c6d5b8-h2kzt worker [2026-08-12 09:00:07,870: INFO/ForkPoolWorke
 {"labels":{"container":"worker","pod":"p-3"},"line":"request_id=l-# status=job_received","timestamp":"2026-08-13T12:00:00.5+02:00"}
 ts=2026-07-01T09:00:07.000Z level=info msg="healthcheck ok" path=/healthz
 "#,
+    // 6: Docker's json-file driver over tracing JSON (the program's line inside `log`).
+    r#"{"log":"{\"timestamp\":\"2026-08-11T07:40:02.100733Z\",\"level\":\"INFO\",\"fields\":{\"message\":\"job received\",\"requestId\":\"inv-#\",\"jobId\":\"j-#\",\"workerId\":\"w-3\",\"modelVersion\":\"v2\",\"attempt\":1},\"target\":\"inference_worker::queue\"}\n","stream":"stdout","time":"2026-08-11T07:40:02.100733123Z"}
+{"log":"{\"timestamp\":\"2026-08-11T07:40:02.101950Z\",\"level\":\"INFO\",\"fields\":{\"message\":\"job acked\",\"requestId\":\"inv-#\",\"jobId\":\"j-#\",\"workerId\":\"w-3\",\"modelVersion\":\"v2\",\"attempt\":1},\"target\":\"inference_worker::queue\"}\n","stream":"stdout","time":"2026-08-11T07:40:02.101950123Z"}
+{"log":"{\"timestamp\":\"2026-08-11T07:40:03.951000Z\",\"level\":\"INFO\",\"fields\":{\"message\":\"result stored\",\"requestId\":\"inv-#\",\"jobId\":\"j-#\",\"workerId\":\"w-3\",\"modelVersion\":\"v2\",\"attempt\":1},\"target\":\"inference_worker::store\"}\n","stream":"stdout","time":"2026-08-11T07:40:03.951000123Z"}
+"#,
+    // 7: `gcloud logging read --format=json`: ONE pretty-printed array of LogEntry objects.
+    r#"  {
+    "insertId": "1x#abf3k9q",
+    "jsonPayload": {
+      "message": "job received",
+      "request_id": "g-#",
+      "job_id": "j-#a",
+      "model_version": "v1",
+      "attempt": 1
+    },
+    "logName": "projects/acme-ml/logs/stdout",
+    "receiveTimestamp": "2026-09-14T08:30:01.912345678Z",
+    "resource": {
+      "labels": {
+        "cluster_name": "ml-prod",
+        "container_name": "worker",
+        "namespace_name": "ml",
+        "pod_name": "infer-v1-5f7d9c8b6-h2k4p",
+        "project_id": "acme-ml"
+      },
+      "type": "k8s_container"
+    },
+    "severity": "INFO",
+    "timestamp": "2026-09-14T08:30:01.880006Z"
+  },
+  {
+    "insertId": "1y#abf3k9q",
+    "jsonPayload": {
+      "message": "result stored",
+      "request_id": "g-#",
+      "job_id": "j-#a",
+      "model_version": "v1",
+      "attempt": 1,
+      "write": "result_store"
+    },
+    "logName": "projects/acme-ml/logs/stdout",
+    "receiveTimestamp": "2026-09-14T08:30:09.912345678Z",
+    "resource": {
+      "labels": {
+        "cluster_name": "ml-prod",
+        "container_name": "worker",
+        "namespace_name": "ml",
+        "pod_name": "infer-v1-5f7d9c8b6-h2k4p",
+        "project_id": "acme-ml"
+      },
+      "type": "k8s_container"
+    },
+    "severity": "INFO",
+    "timestamp": "2026-09-14T08:30:09.880006Z"
+  },
+"#,
+    // 8: `aws logs filter-log-events`: ONE object, `events` of the program's JSON in `message`.
+    r#"        {
+            "logStreamName": "inference/worker/3f0c1a9e",
+            "timestamp": 1782896405000,
+            "message": "{\"time\":\"2026-07-01T09:00:05.000Z\",\"level\":\"info\",\"req_id\":\"r-#\",\"task_id\":\"t-#\",\"model\":\"v2\",\"retries\":0,\"event\":\"job received\"}",
+            "ingestionTime": 1782896405412,
+            "eventId": "3780019117828964#"
+        },
+        {
+            "logStreamName": "inference/worker/3f0c1a9e",
+            "timestamp": 1782896407000,
+            "message": "{\"time\":\"2026-07-01T09:00:07.000Z\",\"level\":\"info\",\"req_id\":\"r-#\",\"task_id\":\"t-#\",\"model\":\"v2\",\"retries\":0,\"write\":\"result_store\",\"event\":\"result stored\"}",
+            "ingestionTime": 1782896407412,
+            "eventId": "3780029117828964#"
+        },
+"#,
 ];
 
-/// A log generated on the fly, `remaining` bytes long: whole stories, every one with its own
-/// number, so no two requests share an id.
+/// Shapes that are one document: what opens it before the first story and closes it after the
+/// last (a last record without the stories' trailing comma, then the closing brackets). The
+/// log then ends on a whole story, never cut inside a record.
+const DOCUMENTS: &[(usize, &str, &str)] = &[
+    (
+        7,
+        "[\n",
+        "  {\n    \"severity\": \"DEBUG\",\n    \"textPayload\": \"end of export\",\n    \"timestamp\": \"2026-09-14T08:31:00Z\"\n  }\n]\n",
+    ),
+    (
+        8,
+        "{\n    \"events\": [\n",
+        "        {\n            \"logStreamName\": \"inference/worker/3f0c1a9e\",\n            \"timestamp\": 1782896409000,\n            \"message\": \"end of export\"\n        }\n    ],\n    \"searchedLogStreams\": []\n}\n",
+    ),
+];
+
+/// Stories of the default mix: the line shapes of the first bench (0-5), so its numbers stay
+/// comparable; the others are read one at a time with `--shape`.
+const MIX: usize = 6;
+
+/// A log generated on the fly, about `remaining` bytes long: whole stories, every one with its
+/// own number, so no two requests share an id. Line shapes are cut at exactly `remaining` bytes
+/// (as a download cut mid-line); a document ends on a whole story and is closed.
 struct Synthetic {
     parts: Vec<Vec<&'static str>>,
     remaining: u64,
@@ -59,29 +154,48 @@ struct Synthetic {
     number: u64,
     buffer: Vec<u8>,
     at: usize,
+    /// The document's closing text, still to write (a document shape only).
+    close: Option<&'static str>,
+    /// The closing text is in the buffer: nothing comes after it.
+    closed: bool,
 }
 
 impl Synthetic {
-    /// `shape`: only the stories of that index in [`STORIES`] (to see what each shape costs).
+    /// `shape`: only the stories of that index in [`STORIES`] (to see what each shape costs);
+    /// none: the line shapes of the default mix.
     fn new(bytes: u64, shape: Option<usize>) -> Synthetic {
+        let document = shape.and_then(|s| DOCUMENTS.iter().find(|(i, _, _)| *i == s));
+        let mut buffer = Vec::with_capacity(4096);
+        if let Some((_, open, _)) = document {
+            buffer.extend_from_slice(open.as_bytes());
+        }
         Synthetic {
             parts: STORIES
                 .iter()
                 .enumerate()
-                .filter(|(i, _)| shape.is_none_or(|s| s == *i))
+                .filter(|(i, _)| shape.map_or(*i < MIX, |s| s == *i))
                 .map(|(_, s)| s.split('#').collect())
                 .collect(),
             remaining: bytes,
             story: 0,
             number: 0,
-            buffer: Vec::with_capacity(4096),
+            buffer,
             at: 0,
+            close: document.map(|(_, _, close)| *close),
+            closed: false,
         }
     }
 
     fn refill(&mut self) {
         self.buffer.clear();
         self.at = 0;
+        if self.close.is_some() && self.remaining == 0 {
+            if let Some(close) = self.close.take() {
+                self.buffer.extend_from_slice(close.as_bytes());
+            }
+            self.closed = true;
+            return;
+        }
         let parts = &self.parts[self.story % self.parts.len()];
         let number = self.number.to_string();
         for (i, part) in parts.iter().enumerate() {
@@ -92,24 +206,29 @@ impl Synthetic {
         }
         self.story += 1;
         self.number += 1;
+        if self.close.is_some() {
+            // A document counts whole stories: the last one may go past the size asked for.
+            self.remaining = self.remaining.saturating_sub(self.buffer.len() as u64);
+        }
     }
 }
 
 impl Read for Synthetic {
     fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        if self.remaining == 0 {
-            return Ok(0);
-        }
+        let document = self.close.is_some() || self.closed;
         if self.at == self.buffer.len() {
+            if self.closed || (!document && self.remaining == 0) {
+                return Ok(0);
+            }
             self.refill();
         }
-        let n = out
-            .len()
-            .min(self.buffer.len() - self.at)
-            .min(self.remaining as usize);
+        let mut n = out.len().min(self.buffer.len() - self.at);
+        if !document {
+            n = n.min(self.remaining as usize);
+            self.remaining -= n as u64;
+        }
         out[..n].copy_from_slice(&self.buffer[self.at..self.at + n]);
         self.at += n;
-        self.remaining -= n as u64;
         Ok(n)
     }
 }

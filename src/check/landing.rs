@@ -224,6 +224,14 @@ fn received_after(history: &History, at: i64) -> bool {
     })
 }
 
+/// Whether the team's API refused a submission of the request at or after `at`.
+fn refused_after(history: &History, at: i64) -> bool {
+    history.events.iter().any(|event| {
+        event.at_ms as i64 >= at
+            && matches!(&event.kind, EventKind::Harness(Observation::Refused { .. }))
+    })
+}
+
 /// Whether the request was untouched at `at` (reserved, not started: no round trip acting on it
 /// in flight or done) and unfinished.
 fn reserved(history: &History, at: i64) -> bool {
@@ -234,9 +242,16 @@ fn reserved(history: &History, at: i64) -> bool {
 /// Whether framework fault `kind`, begun at `at` (history ms) on `worker`, landed on its target.
 pub(super) fn framework(history: &History, kind: FaultKind, worker: &str, at: i64) -> bool {
     match kind {
-        FaultKind::KillPoolChild | FaultKind::KillMain | FaultKind::WarmShutdown => {
-            held(history, worker, at)
+        // A kill of the job's process lands when what it killed held the job: the call in
+        // flight at the signal ended with its connection, unanswered. A signal that left the
+        // call's process alive is applied, not landed.
+        FaultKind::KillPoolChild | FaultKind::KillHolder => {
+            held(history, worker, at) && died_in_call(history, worker, at)
         }
+        // The worker's main process (its process group) died while the worker held the job,
+        // whether or not the process in the call was in that group: what the framework does
+        // with a job whose worker died under it is what this kind tests.
+        FaultKind::KillMain | FaultKind::WarmShutdown => held(history, worker, at),
         // Redelivered while the first attempt still held it (or, prefetched, had not begun it):
         // another worker acted on the request, or a delivery of it began again.
         FaultKind::VisibilityOutlived | FaultKind::ForcedRestore | FaultKind::HeartbeatMiss => {
@@ -247,11 +262,14 @@ pub(super) fn framework(history: &History, kind: FaultKind, worker: &str, at: i6
             reserved(history, at)
                 && (taken_by_another(history, worker, at) || received_after(history, at))
         }
-        // The second submission reached a worker (or the team's API acted on it) while the
-        // first attempt still held the request.
+        // The second submission reached a worker (or the team's API acted on it, or refused
+        // it as a duplicate: the fault met the system's protection) while the first attempt
+        // still held the request.
         FaultKind::ApiResubmission => {
             held(history, worker, at)
-                && (taken_by_another(history, worker, at) || received_after(history, at))
+                && (taken_by_another(history, worker, at)
+                    || received_after(history, at)
+                    || refused_after(history, at))
         }
         FaultKind::UpstreamTimeout => hung_up(history, worker, at),
         FaultKind::Partition => cut_off(history, worker, at),
@@ -321,6 +339,23 @@ fn hung_up(history: &History, worker: &str, at: i64) -> bool {
                 && wire.trip.reply.is_none()
                 && wire.trip.names_any(&names)
                 && sent_ms(history, event, &wire.trip) <= at
+        }
+        _ => false,
+    })
+}
+
+/// Whether a model call of `worker`'s for the request, sent before `at`, lost its connection at
+/// or after `at` without an answer: the process that held it died holding it.
+fn died_in_call(history: &History, worker: &str, at: i64) -> bool {
+    let names = names(history);
+    history.events.iter().any(|event| match &event.kind {
+        EventKind::Wire(wire) => {
+            wire.worker == worker
+                && matches!(wire.trip.request, Request::Http(_))
+                && wire.trip.reply.is_none()
+                && wire.trip.names_any(&names)
+                && sent_ms(history, event, &wire.trip) <= at
+                && answered_ms(history, event, &wire.trip) >= at
         }
         _ => false,
     })
@@ -494,6 +529,38 @@ mod tests {
         ));
         // Before the call was sent, worker-a held nothing.
         assert!(!framework(&history, FaultKind::KillMain, "worker-a", 50));
+        // Killed at 950, after its call's connection had already ended (at 900): what died
+        // held no call.
+        assert!(!framework(&history, FaultKind::KillHolder, "worker-a", 950));
+        assert!(framework(&history, FaultKind::KillHolder, "worker-a", 500));
+        // A kill of the holder whose call was answered anyway (the process in the call was not
+        // the one killed) did not land, though the worker held the request at the signal; the
+        // main process's kill did (the worker died under the job).
+        let mut survived = history.clone();
+        survived.events[0] = wire(
+            1200,
+            "worker-a",
+            trip(call("{\"input\": \"hello 77\"}"), answer(), 100, 1200),
+        );
+        assert!(!framework(
+            &survived,
+            FaultKind::KillHolder,
+            "worker-a",
+            500
+        ));
+        assert!(!framework(
+            &survived,
+            FaultKind::KillPoolChild,
+            "worker-a",
+            500
+        ));
+        assert!(framework(&survived, FaultKind::KillMain, "worker-a", 500));
+        assert!(framework(
+            &survived,
+            FaultKind::WarmShutdown,
+            "worker-a",
+            500
+        ));
         // A resubmission at 500 lands like a redelivery: worker-b acted on the request after.
         assert!(framework(
             &history,

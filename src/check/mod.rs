@@ -4,6 +4,7 @@
 //! [`coverage`] judges, from the same history, which faults reached the path they target.
 
 pub mod coverage;
+mod fencing;
 mod landing;
 mod wire;
 
@@ -50,6 +51,14 @@ pub enum Invariant {
 }
 
 impl Invariant {
+    /// The invariants about what eventually happens (a request ends, a delivery is taken, the
+    /// new version serves): judged only once nothing racecert holds can still change the answer.
+    pub const LIVENESS: [Invariant; 3] = [
+        Invariant::NoLostJob,
+        Invariant::NoStuckDelivery,
+        Invariant::ServedByNewVersion,
+    ];
+
     /// Every invariant.
     pub const ALL: [Invariant; 12] = [
         Invariant::AtMostOneFinalWrite,
@@ -330,6 +339,9 @@ fn at_most_one_final_write(history: &History) -> Vec<Violation> {
 }
 
 fn generations_increase(history: &History) -> Vec<Violation> {
+    if let Some(fencing) = &history.fencing {
+        return fencing::never_back(history, fencing);
+    }
     let mut violations = Vec::new();
     for (key, rows) in by_key(&history.audit) {
         for pair in rows.windows(2) {
@@ -360,6 +372,9 @@ fn generations_increase(history: &History) -> Vec<Violation> {
 /// judge: a final write over a job that was not IN_PROGRESS, or under another token than the
 /// row's.
 fn no_non_owner_final_write(history: &History) -> Vec<Violation> {
+    if let Some(fencing) = &history.fencing {
+        return fencing::final_writes_by_holders(history, fencing);
+    }
     let takers = if history.wire_recorded {
         wire::lease_takers(history, &history.layout.matcher())
     } else {

@@ -6,6 +6,7 @@
 pub mod checkpoint;
 pub mod defect;
 pub mod delivery;
+pub mod fencing;
 pub mod layout;
 pub mod log;
 pub mod worker;

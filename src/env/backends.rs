@@ -1,8 +1,9 @@
 //! Model backends: one wiremock `MockServer` per model version. The output is a deterministic
 //! function of (input, version) that names its version ([`crate::contract::model_output`]), so a
 //! stored result proves which model produced it. A backend answers in the shape of a model API
-//! ([`ModelApi`]): racecert's own `/v1/infer`, an OpenAI-compatible `/v1/completions`, KServe v2,
-//! or a JSON template of the team's.
+//! ([`ModelApi`]): racecert's own `/v1/infer`, OpenAI-compatible `/v1/completions` and
+//! `/v1/chat/completions` (whole or streamed as server-sent events), KServe v2, or a JSON template
+//! of the team's.
 //!
 //! Behaviour is programmable per case with wiremock's own scoped mocks: a case's calls are
 //! recognised by its key prefix in the request body ([`CaseCalls`]), and a program (a delay, HTTP
@@ -19,9 +20,10 @@
 //! mock and the first mounted match wins; the default answer is therefore told not to match a
 //! case that has a program ([`Unprogrammed`]), and a case has one program at a time.
 //!
-//! Why one file of ~740 lines: a quarter of it is its tests (real mock servers, many cases on one
-//! thread); the rest is one mechanism, programs, their guards and the responders they mount, that
-//! shares private state (`Programs`) no other module should see.
+//! Why one file of ~1,300 lines: ~390 of them are its tests (real mock servers, many cases on one
+//! thread) and ~250 OpenAI chat's wire types (`mod chat`, which could be a file of its own); the
+//! rest is one mechanism, programs, their guards and the responders they mount, that shares
+//! private state (`Programs`) no other module should see.
 
 use crate::contract::{InferRequest, InferResponse, model_output};
 use crate::wire::JournalEntry;
@@ -51,6 +53,10 @@ pub enum ModelApi {
     Racecert,
     /// OpenAI-compatible `POST /v1/completions` (`prompt` in, `choices[0].text` out).
     OpenaiCompletions,
+    /// OpenAI-compatible `POST /v1/chat/completions`: the last `user` message in (its text parts
+    /// joined), `choices[0].message.content` out, or, when the call asks for `"stream": true`,
+    /// server-sent `chat.completion.chunk`s carrying it in `choices[0].delta.content`.
+    OpenaiChat,
     /// KServe v2 `POST /v2/models/{name}/infer` (`inputs[0].data[0]` in, `outputs[0].data[0]`
     /// out).
     KserveV2,
@@ -72,6 +78,7 @@ impl ModelApi {
         match self {
             ModelApi::Racecert => post.and(path(INFER_PATH)),
             ModelApi::OpenaiCompletions => post.and(path("/v1/completions")),
+            ModelApi::OpenaiChat => post.and(path(chat::PATH)),
             ModelApi::KserveV2 => post.and(path_regex(r"^/v2/models/[^/]+/infer$")),
             ModelApi::Template { path: p, .. } => post.and(path(p.as_str())),
         }
@@ -82,6 +89,7 @@ impl ModelApi {
         match self {
             ModelApi::Racecert => request_path == INFER_PATH,
             ModelApi::OpenaiCompletions => request_path == "/v1/completions",
+            ModelApi::OpenaiChat => request_path == chat::PATH,
             ModelApi::KserveV2 => {
                 request_path.starts_with("/v2/models/") && request_path.ends_with("/infer")
             }
@@ -92,32 +100,45 @@ impl ModelApi {
     /// The call as the journal keeps it: the input, and racecert's own fields when the API is
     /// the contract's.
     pub fn read(&self, body: &[u8]) -> std::result::Result<InferRequest, String> {
-        if *self == ModelApi::Racecert {
-            return serde_json::from_slice(body).map_err(|err| err.to_string());
-        }
-        let value: Value = serde_json::from_slice(body).map_err(|err| err.to_string())?;
+        self.call(body).map(|call| call.request)
+    }
+
+    /// The call as a backend answers it: what it asks, and how it asked to be answered.
+    fn call(&self, body: &[u8]) -> std::result::Result<Call, String> {
+        let unreadable = |err: serde_json::Error| err.to_string();
         let pointer = match self {
+            ModelApi::Racecert => {
+                return Ok(Call {
+                    request: serde_json::from_slice(body).map_err(unreadable)?,
+                    reply: Reply::Json,
+                });
+            }
+            ModelApi::OpenaiChat => {
+                let chat: chat::Request = serde_json::from_slice(body).map_err(unreadable)?;
+                return Ok(Call {
+                    request: input_only(chat.input()?),
+                    reply: chat.reply(),
+                });
+            }
             ModelApi::OpenaiCompletions => "/prompt",
             ModelApi::KserveV2 => "/inputs/0/data/0",
             ModelApi::Template { input, .. } => input.as_str(),
-            ModelApi::Racecert => unreachable!("handled above"),
         };
+        let value: Value = serde_json::from_slice(body).map_err(unreadable)?;
         let input = match value.pointer(pointer) {
             Some(Value::String(text)) => text.clone(),
             Some(other) => other.to_string(),
             None => return Err(format!("no input at {pointer}")),
         };
-        Ok(InferRequest {
-            input,
-            idempotency_key: String::new(),
-            attempt: 0,
-            worker_id: String::new(),
+        Ok(Call {
+            request: input_only(input),
+            reply: Reply::Json,
         })
     }
 
-    /// The answer carrying `output` of `version`.
-    fn answer(&self, output: &str, version: &str) -> Value {
-        match self {
+    /// The answer to `call` carrying `output` of `version`.
+    fn answer(&self, call: &Call, output: &str, version: &str) -> ResponseTemplate {
+        let body = match self {
             ModelApi::Racecert => json!(InferResponse {
                 output: output.to_owned(),
                 model_version: version.to_owned(),
@@ -127,6 +148,16 @@ impl ModelApi {
                 "model": version,
                 "choices": [{"index": 0, "text": output, "finish_reason": "stop"}],
             }),
+            ModelApi::OpenaiChat => {
+                let answer = chat::Answer::new(&call.request.input, output, version);
+                match call.reply {
+                    Reply::Json => json!(answer.completion()),
+                    Reply::EventStream { usage } => {
+                        return ResponseTemplate::new(200)
+                            .set_body_raw(answer.event_stream(usage), "text/event-stream");
+                    }
+                }
+            }
             ModelApi::KserveV2 => json!({
                 "model_name": "model",
                 "model_version": version,
@@ -139,7 +170,36 @@ impl ModelApi {
                 set_pointer(&mut answer, pointer, Value::String(output.to_owned()));
                 answer
             }
-        }
+        };
+        ResponseTemplate::new(200).set_body_json(body)
+    }
+}
+
+/// A call as a backend reads it.
+struct Call {
+    /// What the journal keeps of it.
+    request: InferRequest,
+    /// How it asked to be answered.
+    reply: Reply,
+}
+
+/// How a call asked to be answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reply {
+    /// One JSON body.
+    Json,
+    /// Server-sent events (OpenAI chat's `"stream": true`); `usage`: a last chunk carrying the
+    /// usage (`stream_options.include_usage`).
+    EventStream { usage: bool },
+}
+
+/// A call of an API other than the contract's: it carries the input, none of racecert's fields.
+fn input_only(input: String) -> InferRequest {
+    InferRequest {
+        input,
+        idempotency_key: String::new(),
+        attempt: 0,
+        worker_id: String::new(),
     }
 }
 
@@ -352,11 +412,11 @@ struct ModelResponder {
 
 impl Respond for ModelResponder {
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        match self.api.read(&request.body) {
-            Ok(call) => ResponseTemplate::new(200).set_body_json(
-                self.api
-                    .answer(&model_output(&call.input, &self.version), &self.version),
-            ),
+        match self.api.call(&request.body) {
+            Ok(call) => {
+                let output = model_output(&call.request.input, &self.version);
+                self.api.answer(&call, &output, &self.version)
+            }
             Err(err) => ResponseTemplate::new(400)
                 .set_body_json(json!({ "error": format!("bad request: {err}") })),
         }
@@ -622,198 +682,7 @@ fn error_template(status: u16) -> ResponseTemplate {
         .set_body_json(json!({ "error": format!("injected HTTP {status}") }))
 }
 
+mod chat;
+
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::contract::output_version;
-
-    async fn infer(backend: &ModelBackend, key: &str) -> (u16, Option<InferResponse>) {
-        let response = reqwest::Client::new()
-            .post(format!("http://{}{INFER_PATH}", backend.addr()))
-            .json(&InferRequest {
-                input: "hello".into(),
-                idempotency_key: key.into(),
-                attempt: 1,
-                worker_id: "w".into(),
-            })
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.ok())
-    }
-
-    /// Many cases on one thread (as `explore` runs them) program, call and release the same
-    /// backend at once. Dropping wiremock's guards on that thread could park it for good while
-    /// another case on it had been granted the server's lock; releasing never blocks it.
-    #[test]
-    fn cases_sharing_a_thread_program_and_release_without_blocking_each_other() {
-        // On a thread of its own: a parked thread ignores timers, so the test thread watches.
-        let (done, finished) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(cases_on_one_thread());
-            let _ = done.send(());
-        });
-        finished
-            .recv_timeout(Duration::from_secs(60))
-            .expect("eight cases on one thread finished 25 rounds each within a minute");
-    }
-
-    async fn cases_on_one_thread() {
-        let backend = ModelBackend::start("model-backend-A", "v1").await;
-        let case = |n: usize| {
-            let backend = &backend;
-            async move {
-                let prefix = format!("case-{n}:");
-                let key = format!("{prefix}k");
-                for round in 0..25 {
-                    let failing = backend
-                        .program(&prefix, Behaviour::Fail { status: 503 })
-                        .await
-                        .unwrap();
-                    assert_eq!(infer(backend, &key).await.0, 503, "case {n} round {round}");
-                    let replaced = backend
-                        .program(&prefix, Behaviour::Fail { status: 500 })
-                        .await
-                        .unwrap();
-                    failing.release().await;
-                    assert_eq!(infer(backend, &key).await.0, 500, "case {n} round {round}");
-                    replaced.release().await;
-                    assert_eq!(infer(backend, &key).await.0, 200, "case {n} round {round}");
-                }
-            }
-        };
-        futures::future::join_all((0..8).map(case)).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread")]
-    async fn answers_name_their_version_and_programs_are_per_case() {
-        let backend = ModelBackend::start("model-backend-B", "v2").await;
-        let (status, answer) = infer(&backend, "case-1:k").await;
-        assert_eq!(status, 200);
-        let answer = answer.unwrap();
-        assert_eq!(answer.output, model_output("hello", "v2"));
-        assert_eq!(output_version(&answer.output), Some("v2"));
-
-        let guard = backend
-            .program(
-                "case-2:",
-                Behaviour::FailFirst {
-                    status: 503,
-                    calls: 2,
-                },
-            )
-            .await
-            .unwrap();
-        assert_eq!(infer(&backend, "case-2:k").await.0, 503);
-        assert_eq!(
-            infer(&backend, "case-1:k").await.0,
-            200,
-            "other cases unaffected"
-        );
-        assert_eq!(infer(&backend, "case-2:k").await.0, 503);
-        assert_eq!(
-            infer(&backend, "case-2:k").await.0,
-            200,
-            "only the first two fail"
-        );
-        // A new program of the case replaces the old; releasing the old guard then changes
-        // nothing.
-        let failing = backend
-            .program("case-2:", Behaviour::Fail { status: 500 })
-            .await
-            .unwrap();
-        guard.release().await;
-        assert_eq!(infer(&backend, "case-2:k").await.0, 500);
-        failing.release().await;
-        assert_eq!(infer(&backend, "case-2:k").await.0, 200, "program gone");
-
-        let journal = backend.journal(Some("case-2:")).await;
-        assert_eq!(journal.len(), 5);
-        assert!(journal.windows(2).all(|w| w[0].seq < w[1].seq));
-        assert_eq!(backend.journal(None).await.len(), 7);
-        // Once a case's history is read, its calls leave the journal; the others stay.
-        assert_eq!(backend.take_journal("case-2:"), journal);
-        assert!(backend.journal(Some("case-2:")).await.is_empty());
-        assert_eq!(backend.journal(None).await.len(), 2);
-        assert!(
-            backend
-                .program("", Behaviour::Fail { status: 500 })
-                .await
-                .is_err()
-        );
-        assert!(
-            backend
-                .program("c:", Behaviour::Fail { status: 200 })
-                .await
-                .is_err()
-        );
-    }
-
-    #[tokio::test(flavor = "multi_thread")]
-    async fn other_api_shapes_answer_with_outputs_naming_their_version() {
-        let client = reqwest::Client::new();
-        let openai = ModelBackend::start_with("m", "v1", ModelApi::OpenaiCompletions).await;
-        let answer: Value = client
-            .post(format!("http://{}/v1/completions", openai.addr()))
-            .json(&json!({"model": "m", "prompt": "hi"}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert_eq!(
-            answer["choices"][0]["text"],
-            json!(model_output("hi", "v1"))
-        );
-
-        let kserve = ModelBackend::start_with("m", "v2", ModelApi::KserveV2).await;
-        let answer: Value = client
-            .post(format!("http://{}/v2/models/m/infer", kserve.addr()))
-            .json(&json!({"inputs": [{"name": "input", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert_eq!(
-            answer["outputs"][0]["data"][0],
-            json!(model_output("hi", "v2"))
-        );
-        assert_eq!(
-            kserve.journal(None).await[0]
-                .request
-                .as_ref()
-                .unwrap()
-                .input,
-            "hi"
-        );
-
-        let template = ModelBackend::start_with(
-            "m",
-            "v3",
-            ModelApi::Template {
-                path: "/predict".into(),
-                input: "/query/text".into(),
-                output: "/result/0/text".into(),
-            },
-        )
-        .await;
-        let answer: Value = client
-            .post(format!("http://{}/predict", template.addr()))
-            .json(&json!({"query": {"text": "hi"}}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert_eq!(answer["result"][0]["text"], json!(model_output("hi", "v3")));
-    }
-}
+mod tests;

@@ -7,6 +7,8 @@ use crate::env::proxy::{FaultProxy, Proxy};
 use crate::wire::{Holder, Request, RoundTrip, Sink, WireEvent, WireListener};
 use futures::future::BoxFuture;
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
 /// A proxy made for one case, deleted when dropped.
@@ -137,6 +139,29 @@ impl CaseLinks {
         })
     }
 
+    /// The client addresses (as the proxy saw each peer) of the connections through any of
+    /// `links` (proxy names) with a request in flight now: started, not yet answered nor ended.
+    /// Empty unless the links are recorded and holdable (their taps see requests start).
+    pub fn in_flight(&self, links: &[&str]) -> Vec<SocketAddr> {
+        self.route.as_ref().map_or_else(Vec::new, |route| {
+            let mut out: Vec<SocketAddr> = route
+                .conns
+                .lock()
+                .expect("poisoned")
+                .iter()
+                .filter(|((link, _), c)| links.contains(&link.as_str()) && c.started > c.finished)
+                .map(|(_, c)| c.client)
+                .collect();
+            out.sort_unstable();
+            out
+        })
+    }
+
+    /// The proxy names of the links to the model backends.
+    pub fn backend_links(&self) -> Vec<&str> {
+        self.backends.values().map(|proxy| proxy.name()).collect()
+    }
+
     /// Whether the links are recorded.
     pub fn is_recorded(&self) -> bool {
         self.route.is_some()
@@ -173,7 +198,23 @@ pub struct WireRoute {
     /// not, newest last (bounded): a trigger's `pg_backend_pid()` names one of them when these
     /// links carried the write.
     pids: std::sync::Mutex<std::collections::VecDeque<i32>>,
+    /// Per connection of these links (link name, the engine's id): the client's address and how
+    /// many of its requests were started and finished, so a fault can find the connection, and
+    /// through it the process, that has a request in flight (holdable routes only: their taps
+    /// ask the holder as each request starts).
+    conns: std::sync::Mutex<HashMap<(String, u64), Conn>>,
 }
+
+/// One connection through a link set, as its tap saw it.
+#[derive(Debug, Clone, Copy)]
+struct Conn {
+    client: SocketAddr,
+    started: u64,
+    finished: u64,
+}
+
+/// Connections a link set remembers; idle ones are forgotten first beyond this.
+const CONNS_KEPT: usize = 4096;
 
 /// Server processes a link set remembers (a worker's reconnects after partitions and restarts).
 const PIDS_KEPT: usize = 256;
@@ -230,6 +271,15 @@ impl Holder for RouteHolder {
         first: u64,
         requests: &[Request],
     ) -> Option<BoxFuture<'static, crate::wire::Release>> {
+        if let Some(known) = self
+            .route
+            .conns
+            .lock()
+            .expect("poisoned")
+            .get_mut(&(link.to_owned(), conn))
+        {
+            known.started = known.started.max(first + requests.len() as u64);
+        }
         let holder = self.route.holder.read().expect("poisoned").clone();
         holder.and_then(|holder| holder.before(link, conn, first, requests))
     }
@@ -241,7 +291,40 @@ struct RouteSink {
 }
 
 impl Sink for RouteSink {
+    fn opened(&self, link: &str, conn: u64, client: SocketAddr) {
+        let mut conns = self.route.conns.lock().expect("poisoned");
+        if conns.len() >= CONNS_KEPT {
+            conns.retain(|_, c| c.started > c.finished);
+        }
+        conns.insert(
+            (link.to_owned(), conn),
+            Conn {
+                client,
+                started: 0,
+                finished: 0,
+            },
+        );
+    }
+
+    fn opaque(&self, link: &str, conn: u64, _reason: &str) {
+        // Nothing more comes from it: it can no longer be seen in flight.
+        self.route
+            .conns
+            .lock()
+            .expect("poisoned")
+            .remove(&(link.to_owned(), conn));
+    }
+
     fn round_trip(&self, trip: RoundTrip) {
+        if let Some(known) = self
+            .route
+            .conns
+            .lock()
+            .expect("poisoned")
+            .get_mut(&(trip.link.clone(), trip.conn))
+        {
+            known.finished = known.finished.max(trip.seq + 1);
+        }
         if let Request::Postgres(crate::wire::PgRequest::Startup(startup)) = &trip.request
             && let Some(pid) = startup.backend_pid
         {

@@ -23,6 +23,7 @@ pub mod backends;
 pub mod containers;
 pub mod images;
 pub mod links;
+pub mod procs;
 pub mod proxy;
 pub mod python;
 pub mod reaper;

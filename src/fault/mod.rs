@@ -181,6 +181,10 @@ pub enum FaultKind {
     ForcedRestore,
     /// Celery: SIGKILL of the pool child running the task.
     KillPoolChild,
+    /// Any system: SIGKILL of the process that holds the job, found from the wire: the one whose
+    /// connection carries the job's model call (a pool child, a child forked per job into a
+    /// session of its own, or the main process), whatever the process groups are.
+    KillHolder,
     /// SIGKILL of the worker's main process mid-call, then a restart under the same worker name
     /// (apalis: the same-name restart whose orphans are never recovered).
     KillMain,
@@ -205,7 +209,7 @@ pub enum FaultKind {
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 19] = [
+    pub const ALL: [FaultKind; 20] = [
         FaultKind::UpstreamTimeout,
         FaultKind::RetryOverlap,
         FaultKind::LeaseExpiry,
@@ -218,6 +222,7 @@ impl FaultKind {
         FaultKind::VisibilityOutlived,
         FaultKind::ForcedRestore,
         FaultKind::KillPoolChild,
+        FaultKind::KillHolder,
         FaultKind::KillMain,
         FaultKind::WarmShutdown,
         FaultKind::HeartbeatMiss,
@@ -230,10 +235,11 @@ impl FaultKind {
     /// The kinds only a team's system has (`certify --system`): its framework's own machinery,
     /// and its API submitting again; which of them a framework has is its preset's business
     /// (`system::preset`).
-    pub const FRAMEWORK: [FaultKind; 10] = [
+    pub const FRAMEWORK: [FaultKind; 11] = [
         FaultKind::VisibilityOutlived,
         FaultKind::ForcedRestore,
         FaultKind::KillPoolChild,
+        FaultKind::KillHolder,
         FaultKind::KillMain,
         FaultKind::WarmShutdown,
         FaultKind::HeartbeatMiss,
@@ -258,6 +264,7 @@ impl FaultKind {
             FaultKind::VisibilityOutlived => "visibility-outlived",
             FaultKind::ForcedRestore => "forced-restore",
             FaultKind::KillPoolChild => "kill-pool-child",
+            FaultKind::KillHolder => "kill-holder",
             FaultKind::KillMain => "kill-main",
             FaultKind::WarmShutdown => "warm-shutdown",
             FaultKind::HeartbeatMiss => "heartbeat-miss",
@@ -287,7 +294,12 @@ impl FaultKind {
                 "the restore sweep pushed the delivery back while its first attempt still ran"
             }
             FaultKind::KillPoolChild => "the pool child running the job was killed mid-job",
-            FaultKind::KillMain => "the worker process holding the job was killed mid-job",
+            FaultKind::KillHolder => {
+                "the process whose connection held the job's model call died holding it"
+            }
+            FaultKind::KillMain => {
+                "the worker's main process (its process group) was killed while it held the job"
+            }
             FaultKind::WarmShutdown => "the worker holding the job was told to stop mid-job",
             FaultKind::HeartbeatMiss => {
                 "another worker took the job of a worker that stopped heartbeating mid-job"
@@ -709,6 +721,17 @@ pub trait Plane: Send {
         async move { Err(not_here(FaultKind::KillPoolChild, worker)) }
     }
 
+    /// SIGKILLs the process of worker `worker` whose connection holds the job's model call
+    /// (whatever its process group), restarting the worker if that was its main process.
+    /// Returns what was done, in a phrase, or None when no process held the call; called only
+    /// when [`Plane::can_apply`] allows [`FaultKind::KillHolder`].
+    fn kill_holder(
+        &mut self,
+        worker: usize,
+    ) -> impl Future<Output = Result<Option<String>>> + Send {
+        async move { Err(not_here(FaultKind::KillHolder, worker)) }
+    }
+
     /// SIGKILLs worker `worker`'s main process mid-job and restarts it under the same name.
     /// Returns what was done, in a phrase, or None when the worker had nothing to hit; called
     /// only when [`Plane::can_apply`] allows [`FaultKind::KillMain`].
@@ -922,6 +945,7 @@ pub async fn apply<P: Plane>(fault: &Fault, plane: &mut P) -> Result<Effect> {
                 FaultKind::VisibilityOutlived => plane.outlive_visibility(*worker).await?,
                 FaultKind::ForcedRestore => plane.force_restore(*worker).await?,
                 FaultKind::KillPoolChild => plane.kill_pool_child(*worker).await?,
+                FaultKind::KillHolder => plane.kill_holder(*worker).await?,
                 FaultKind::KillMain => plane.kill_main(*worker).await?,
                 FaultKind::WarmShutdown => plane.warm_shutdown(*worker).await?,
                 FaultKind::HeartbeatMiss => plane.miss_heartbeats(*worker).await?,

@@ -162,6 +162,14 @@ pub enum Observation {
         /// The request's key.
         key: String,
     },
+    /// A team's API refused a request submitted again (its submit command exited non-zero): a
+    /// protection against duplicates, not a broken description.
+    Refused {
+        /// The request's key.
+        key: String,
+        /// How the command ended, and the last line it wrote on stderr.
+        why: String,
+    },
     /// A rollout switched the active model version: requests accepted from here (plus
     /// `window_ms`, the mixed window a team allows) belong to `to`.
     Switched {
@@ -208,6 +216,7 @@ impl Observation {
             Observation::Pending { .. } => "pending_delivery",
             Observation::Held { .. } => "held",
             Observation::Submitted { .. } => "submitted",
+            Observation::Refused { .. } => "refused",
             Observation::Switched { .. } => "switched",
             Observation::Stopping { .. } => "stopping",
             Observation::Invalidated { .. } => "invalidated",
@@ -255,6 +264,9 @@ impl Observation {
                 vec![("worker_id", worker.clone()), ("before", before.clone())]
             }
             Observation::Submitted { key } => vec![("idempotency_key", key.clone())],
+            Observation::Refused { key, why } => {
+                vec![("idempotency_key", key.clone()), ("why", why.clone())]
+            }
             Observation::Switched {
                 from,
                 to,
@@ -475,6 +487,11 @@ pub struct History {
     pub layout: KeyLayout,
     /// The statuses that end a job, as the system spells them (empty: the contract's).
     pub terminal: Vec<String>,
+    /// A team's own fencing column, when its system file names one: its values are the audit
+    /// rows' generations ([`crate::contract::fencing::FenceOrder::Increasing`]) or lease tokens
+    /// ([`crate::contract::fencing::FenceOrder::Token`]), and the fencing invariants judge them
+    /// as the team's (None: the contract's columns).
+    pub fencing: Option<crate::contract::fencing::Fencing>,
     /// The server processes of the workers' Postgres connections, with the worker whose links
     /// carried each (connections can outlive a case: their startups are then not in its events).
     pub connections: BTreeMap<i32, String>,
@@ -530,6 +547,7 @@ pub fn assemble(
         wire_recorded: false,
         layout: KeyLayout::contract(prefix),
         terminal: Vec::new(),
+        fencing: None,
         connections,
         wire_origin_ms: None,
         epoch_unix_ms: None,

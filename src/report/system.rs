@@ -3,7 +3,7 @@
 //! HTML) and the command that replays it.
 
 use super::{DiagramEvent, esc, svg};
-use crate::runner::system::{SystemOutcome, replay_command, sequence_text};
+use crate::runner::system::{SystemCase, SystemOutcome, replay_command, sequence_text};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -70,30 +70,87 @@ pub fn system_text(outcome: &SystemOutcome, file: &Path) -> String {
                 .unwrap_or_default()
         );
     }
-    if let Some(case) = outcome.cases.iter().find(|c| !c.not_judged.is_empty()) {
-        let names: Vec<&str> = case.not_judged.iter().map(|i| i.name()).collect();
+    // What no case judged is the description's doing; what one case could not judge is said
+    // with that case.
+    let described: Vec<&str> = outcome
+        .cases
+        .first()
+        .map(|first| {
+            first
+                .not_judged
+                .iter()
+                .filter(|i| outcome.cases.iter().all(|c| c.not_judged.contains(i)))
+                .map(|i| i.name())
+                .collect()
+        })
+        .unwrap_or_default();
+    if !described.is_empty() {
         let _ = writeln!(
             out,
             "not judged (the system's description gives nothing to judge them by): {}",
-            names.join(", ")
+            described.join(", ")
+        );
+    }
+    let blind: Vec<&SystemCase> = outcome
+        .cases
+        .iter()
+        .filter(|c| c.liveness_blind.is_some())
+        .collect();
+    for case in &outcome.cases {
+        if let Some(why) = &case.refused {
+            let _ = writeln!(
+                out,
+                "case {} ({}): protection: the API refused the request submitted again ({why})",
+                case.number, case.fault
+            );
+        }
+    }
+    for case in &blind {
+        let _ = writeln!(
+            out,
+            "case {} ({}): liveness not judged: {}",
+            case.number,
+            case.fault,
+            case.liveness_blind.as_deref().unwrap_or_default()
         );
     }
     if verdict == crate::check::Verdict::Inconclusive {
         let kinds: Vec<&str> = short.keys().map(|k| k.name()).collect();
-        let _ = writeln!(
-            out,
-            "INCONCLUSIVE: every invariant held, but these fault kinds never landed on their target: {} (more --budget or --cases, or see why above)",
-            kinds.join(", ")
-        );
+        if !kinds.is_empty() {
+            let _ = writeln!(
+                out,
+                "INCONCLUSIVE: every invariant held, but these fault kinds never landed on their target: {} (more --budget or --cases, or see why above)",
+                kinds.join(", ")
+            );
+        }
+        if !blind.is_empty() {
+            let _ = writeln!(
+                out,
+                "INCONCLUSIVE: every invariant judged held, but {} case(s) ended while racecert itself still held their work (their liveness is not judged)",
+                blind.len()
+            );
+        }
     }
-    if let Some(case) = outcome.first_failure() {
+    // Every failing case (a `--keep-going` run has more than one), each with its diagram and
+    // the command that replays it; the first one with when it was found.
+    for (index, case) in outcome
+        .cases
+        .iter()
+        .filter(|c| !c.violations.is_empty())
+        .enumerate()
+    {
+        let found = if index == 0 {
+            format!(
+                ", found after {} ms",
+                outcome.first_failure_ms.unwrap_or_default()
+            )
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "\ncounterexample: case {} (fault {}), request {}, found after {} ms",
-            case.number,
-            case.fault,
-            case.request,
-            outcome.first_failure_ms.unwrap_or_default()
+            "\ncounterexample: case {} (fault {}), request {}{found}",
+            case.number, case.fault, case.request,
         );
         for violation in &case.violations {
             let _ = writeln!(
@@ -187,4 +244,66 @@ pub fn workers_log(outcome: &SystemOutcome) -> String {
         let _ = writeln!(out, "{:<width$} | {}", line.worker, line.line);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::Violation;
+    use crate::fault::FaultKind;
+    use std::collections::BTreeMap;
+
+    /// Case 1 of request `r`: its fault and the invariants it broke; no writes, no diagram.
+    fn case(fault: FaultKind, broke: &[&str], final_writes: usize) -> SystemCase {
+        SystemCase {
+            number: 1,
+            fault,
+            request: "r".into(),
+            writes: Vec::new(),
+            violations: broke
+                .iter()
+                .map(|i| Violation {
+                    invariant: i.parse().expect("an invariant"),
+                    observed: String::new(),
+                    evidence: Vec::new(),
+                })
+                .collect(),
+            not_judged: Vec::new(),
+            effect: None,
+            landed: false,
+            diagram: Vec::new(),
+            lanes: Vec::new(),
+            elapsed_ms: 0,
+            model_calls: 1,
+            final_writes,
+            liveness_blind: None,
+            refused: None,
+        }
+    }
+    #[test]
+    fn a_keep_going_report_shows_every_counterexample_with_its_replay() {
+        let mut first = case(FaultKind::KillPoolChild, &["no-lost-job"], 0);
+        first.number = 2;
+        let mut second = case(FaultKind::ForcedRestore, &["at-most-one-final-write"], 2);
+        second.number = 5;
+        let outcome = SystemOutcome {
+            system: "s".into(),
+            seed: 3,
+            cases: vec![case(FaultKind::KillMain, &[], 1), first, second],
+            startup_ms: BTreeMap::new(),
+            first_failure_ms: Some(1200),
+            outputs: BTreeMap::new(),
+            log: Vec::new(),
+            kinds: Vec::new(),
+        };
+        let text = crate::report::system::system_text(&outcome, std::path::Path::new("s.toml"));
+        assert!(
+            text.contains(
+                "counterexample: case 2 (fault kill-pool-child), request r, found after 1200 ms"
+            ) && text.contains("counterexample: case 5 (fault forced-restore), request r\n")
+                && text.contains("violated at-most-one-final-write")
+                && text.matches("\nreplay: ").count() == 2,
+            "{text}"
+        );
+    }
 }

@@ -181,6 +181,12 @@ pub struct System {
     pub rollout: rollout::Rollout,
     /// Where its result cache lives (`[cache]`), if it has one.
     pub cache: Option<rollout::Cache>,
+    /// The team's own fencing column (`[fencing]`), if it names one: with it the fencing
+    /// invariants are judged on its table.
+    pub fencing: Option<crate::contract::fencing::Fencing>,
+    /// The command that submits a request again (`[submit] resubmit`), for an API whose retry
+    /// path differs from its first submission; None: the submit command again.
+    pub resubmit: Option<String>,
     places: BTreeMap<String, Place>,
 }
 
@@ -193,7 +199,18 @@ const START_PLACEHOLDERS: &[&str] = &[
     "model_url",
     "venv",
 ];
-const SUBMIT_PLACEHOLDERS: &[&str] = &["request_id", "input", "venv", "redis_url", "database_url"];
+/// The submitter's: the workers' (for a `submitter` of its own, on the first version) and the
+/// request's.
+const SUBMIT_PLACEHOLDERS: &[&str] = &[
+    "request_id",
+    "input",
+    "venv",
+    "redis_url",
+    "database_url",
+    "model_url",
+    "worker_id",
+    "model_version",
+];
 
 impl System {
     /// Reads and checks a system file; every error names `file:line:col`.
@@ -240,6 +257,9 @@ impl System {
         if let Some(version) = &raw.results.version {
             note("results.version", version.span());
         }
+        if let Some(fencing) = &raw.fencing {
+            note("fencing.column", fencing.column.span());
+        }
         note("framework", raw.framework.span());
         note("submit", raw.submit.span());
         note("model", raw.model.span());
@@ -280,6 +300,13 @@ impl System {
             None => rollout::Rollout::default(),
         };
         let submit = raw.submit.into_inner();
+        let resubmit = submit.resubmit;
+        if resubmit.is_some() && submit.command.is_none() {
+            return Err(Error::Config(format!(
+                "{}: [submit] resubmit needs a submit `command` (a preset submits again as it submits)",
+                places["submit"]
+            )));
+        }
         let submit = match (submit.task, submit.command) {
             (Some(task), None) => Submit::Preset {
                 task,
@@ -298,13 +325,25 @@ impl System {
         let model = match model_raw.api.as_str() {
             "racecert" => ModelApi::Racecert,
             "openai-completions" => ModelApi::OpenaiCompletions,
+            "openai-chat" => ModelApi::OpenaiChat,
             "kserve-v2" => ModelApi::KserveV2,
             "template" => match (model_raw.path, model_raw.input, model_raw.output) {
-                (Some(path), Some(input), Some(output)) => ModelApi::Template {
-                    path,
-                    input,
-                    output,
-                },
+                (Some(path), Some(input), Some(output)) => {
+                    // Checked here, at their lines: a path the backend cannot follow would only
+                    // show up mid-run, as calls it refuses or answers the worker cannot read.
+                    for (field, pointer) in [("input", &input), ("output", &output)] {
+                        let at_pointer = at(pointer.span());
+                        check_pointer(pointer.get_ref()).map_err(|why| {
+                            Error::Config(format!("{at_pointer}: [model] {field} {why}"))
+                        })?;
+                        places.insert(format!("model.{field}"), at_pointer);
+                    }
+                    ModelApi::Template {
+                        path,
+                        input: input.into_inner(),
+                        output: output.into_inner(),
+                    }
+                }
                 _ => {
                     return Err(Error::Config(format!(
                         "{}: api = \"template\" needs `path`, `input` and `output`",
@@ -314,7 +353,7 @@ impl System {
             },
             other => {
                 return Err(Error::Config(format!(
-                    "{}: unknown model api {other:?} (racecert, openai-completions, kserve-v2, template)",
+                    "{}: unknown model api {other:?} (racecert, openai-completions, openai-chat, kserve-v2, template)",
                     places["model"]
                 )));
             }
@@ -356,6 +395,11 @@ impl System {
             keys,
             rollout,
             cache,
+            resubmit,
+            fencing: raw.fencing.map(|f| crate::contract::fencing::Fencing {
+                column: f.column.into_inner(),
+                order: f.order,
+            }),
             places,
         };
         system.validate()?;
@@ -435,7 +479,9 @@ impl System {
                 .version
                 .as_ref()
                 .map(|v| ("results.version", v)),
-        ) {
+        )
+        .chain(self.fencing.as_ref().map(|f| ("fencing.column", &f.column)))
+        {
             if !is_identifier(name) {
                 return fail(
                     field,
@@ -503,9 +549,13 @@ impl System {
                         .or_else(|bad| fail("submit", format!("args.{name}: {bad}")))?;
                 }
             }
-            Submit::Command(command) => check_placeholders(command, SUBMIT_PLACEHOLDERS)
-                .and_then(|()| check_unquoted(command))
-                .or_else(|bad| fail("submit", bad))?,
+            Submit::Command(command) => {
+                for command in std::iter::once(command).chain(&self.resubmit) {
+                    check_placeholders(command, SUBMIT_PLACEHOLDERS)
+                        .and_then(|()| check_unquoted(command))
+                        .or_else(|bad| fail("submit", bad))?;
+                }
+            }
         }
         rollout::validate(self)?;
         match self.framework {
@@ -619,6 +669,72 @@ fn check_unquoted(command: &str) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// A template's `input` or `output` must be an RFC 6901 JSON pointer: `""` (the whole body) or
+/// `/` before each key and array index, `~` only in `~0` (a `~`) and `~1` (a `/` in a key). The
+/// error names the pointer the value probably means ([`suggest_pointer`]).
+fn check_pointer(pointer: &str) -> std::result::Result<(), String> {
+    let mut chars = pointer.chars();
+    let mut escapes_ok = true;
+    while let Some(c) = chars.next() {
+        if c == '~' && !matches!(chars.next(), Some('0' | '1')) {
+            escapes_ok = false;
+        }
+    }
+    if (pointer.is_empty() || pointer.starts_with('/')) && escapes_ok {
+        return Ok(());
+    }
+    Err(format!(
+        "{pointer:?} is not a JSON pointer (RFC 6901: \"\" for the whole body, or \"/\" before \
+         each key and array index, as in \"/choices/0/text\"; a \"~\" in a key is written \"~0\", \
+         a \"/\" \"~1\"): did you mean {:?}?",
+        suggest_pointer(pointer)
+    ))
+}
+
+/// The JSON pointer a dotted or bracketed path means (`choices[0].message.content` ->
+/// `/choices/0/message/content`, `$.result["text"]` -> `/result/text`, `result/text` ->
+/// `/result/text`), or, for a pointer whose only fault is a bare `~`, that pointer escaped.
+fn suggest_pointer(path: &str) -> String {
+    let escape = |key: &str| key.replace('~', "~0").replace('/', "~1");
+    let path = path.trim();
+    if path.starts_with('/') {
+        let mut fixed = String::new();
+        let mut chars = path.chars().peekable();
+        while let Some(c) = chars.next() {
+            fixed.push(c);
+            if c == '~' && !matches!(chars.peek(), Some('0' | '1')) {
+                fixed.push('0');
+            }
+        }
+        return fixed;
+    }
+    let path = path.strip_prefix('$').unwrap_or(path);
+    let mut keys = Vec::new();
+    let mut key = String::new();
+    let mut chars = path.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '.' | '/' => keys.push(std::mem::take(&mut key)),
+            '[' => {
+                keys.push(std::mem::take(&mut key));
+                let inside: String = chars.by_ref().take_while(|c| *c != ']').collect();
+                let inside = inside.trim();
+                let unquoted = ['"', '\'']
+                    .iter()
+                    .find_map(|q| inside.strip_prefix(*q)?.strip_suffix(*q))
+                    .unwrap_or(inside);
+                keys.push(unquoted.to_owned());
+            }
+            c => key.push(c),
+        }
+    }
+    keys.push(key);
+    keys.iter()
+        .filter(|key| !key.is_empty())
+        .map(|key| format!("/{}", escape(key)))
+        .collect()
+}
+
 /// Fills `{name}` placeholders of `template` from `values`; others are left as they are.
 pub fn fill(template: &str, values: &[(&str, &str)]) -> String {
     let mut out = template.to_owned();
@@ -695,6 +811,8 @@ impl SystemBuilder {
                 keys: KeyLayout::default(),
                 rollout: rollout::Rollout::default(),
                 cache: None,
+                fencing: None,
+                resubmit: None,
                 places: BTreeMap::new(),
             },
         }
@@ -842,6 +960,15 @@ mod raw {
         pub timeouts: Option<Timeouts>,
         pub rollout: Option<super::rollout::raw::Rollout>,
         pub cache: Option<super::rollout::raw::Cache>,
+        pub fencing: Option<Fencing>,
+    }
+
+    /// `[fencing]`: the team's own fencing column and how its values order attempts.
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct Fencing {
+        pub column: Spanned<String>,
+        pub order: crate::contract::fencing::FenceOrder,
     }
 
     #[derive(Deserialize)]
@@ -864,6 +991,7 @@ mod raw {
         pub args: BTreeMap<String, String>,
         pub queue: Option<String>,
         pub command: Option<String>,
+        pub resubmit: Option<String>,
     }
 
     #[derive(Deserialize)]
@@ -884,8 +1012,8 @@ mod raw {
         pub api: String,
         pub name: Option<String>,
         pub path: Option<String>,
-        pub input: Option<String>,
-        pub output: Option<String>,
+        pub input: Option<Spanned<String>>,
+        pub output: Option<Spanned<String>>,
     }
 
     #[derive(Deserialize)]
@@ -949,6 +1077,38 @@ mod tests {
     }
 
     #[test]
+    fn a_fencing_column_is_read_and_a_bad_one_names_its_line() {
+        let path = Path::new("sys.toml");
+        let results = "[results]\ntable = \"t\"\nkey = \"k\"\nstatus = \"s\"\nterminal = [\"A\"]\noutput = \"o\"";
+        let text = format!(
+            "{}[fencing]\ncolumn = \"epoch\"\norder = \"increasing\"\n",
+            celery_file(results)
+        );
+        let system = System::parse(&text, path).unwrap();
+        assert_eq!(
+            system.fencing,
+            Some(crate::contract::fencing::Fencing {
+                column: "epoch".into(),
+                order: crate::contract::fencing::FenceOrder::Increasing,
+            })
+        );
+        let text = format!(
+            "{}[fencing]\ncolumn = \"epoch\"\norder = \"newest\"\n",
+            celery_file(results)
+        );
+        let err = System::parse(&text, path).unwrap_err().to_string();
+        assert!(err.contains("sys.toml:21:9"), "{err}");
+        assert!(err.contains("increasing") && err.contains("token"), "{err}");
+        let text = format!(
+            "{}[fencing]\ncolumn = \"epoch; --\"\norder = \"token\"\n",
+            celery_file(results)
+        );
+        let err = System::parse(&text, path).unwrap_err().to_string();
+        assert!(err.contains("sys.toml:20:10"), "{err}");
+        assert!(err.contains("not a plain SQL identifier"), "{err}");
+    }
+
+    #[test]
     fn errors_name_file_line_and_column() {
         let path = Path::new("sys.toml");
         let text = celery_file(
@@ -1009,6 +1169,108 @@ mod tests {
         let err = System::parse(&text, path).unwrap_err().to_string();
         assert!(err.contains("sys.toml:4:11"), "{err}");
         assert!(err.contains("{worker_id} stands inside quotes"), "{err}");
+    }
+
+    /// `celery_file` with its `[model]` table's lines (from line 16) replaced by `model`.
+    fn with_model(model: &str) -> String {
+        let results = "[results]\ntable = \"t\"\nkey = \"k\"\nstatus = \"s\"\nterminal = [\"A\"]\noutput = \"o\"";
+        celery_file(results).replace(
+            "[model]\napi = \"racecert\"\n",
+            &format!("[model]\n{model}\n"),
+        )
+    }
+
+    #[test]
+    fn model_apis_are_named_and_an_unknown_one_lists_them() {
+        let path = Path::new("sys.toml");
+        let chat =
+            System::parse(&with_model("api = \"openai-chat\"\nname = \"gpt\""), path).unwrap();
+        assert_eq!(
+            (chat.model, chat.model_name.as_str()),
+            (ModelApi::OpenaiChat, "gpt")
+        );
+        let err = System::parse(&with_model("api = \"openai\""), path)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sys.toml:15:1"), "{err}");
+        assert!(
+            err.contains(
+                "unknown model api \"openai\" (racecert, openai-completions, openai-chat, kserve-v2, template)"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn template_places_are_json_pointers_checked_at_their_line() {
+        let path = Path::new("sys.toml");
+        let template = |input: &str, output: &str| {
+            with_model(&format!(
+                "api = \"template\"\npath = \"/v1/answer\"\ninput = \"{input}\"\noutput = \"{output}\""
+            ))
+        };
+        let good =
+            System::parse(&template("/messages/0/content", "/result/a~1b~0c"), path).unwrap();
+        assert_eq!(
+            good.model,
+            ModelApi::Template {
+                path: "/v1/answer".into(),
+                input: "/messages/0/content".into(),
+                output: "/result/a~1b~0c".into(),
+            }
+        );
+        assert_eq!(good.place("model.input"), "sys.toml:18:9");
+        assert_eq!(good.place("model.output"), "sys.toml:19:10");
+        // The whole body is a pointer too.
+        assert!(System::parse(&template("", ""), path).is_ok());
+
+        let err = System::parse(&template("/text", "choices[0].message.content"), path)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                "sys.toml:19:10: [model] output \"choices[0].message.content\" is not a JSON pointer (RFC 6901:"
+            ),
+            "{err}"
+        );
+        assert!(
+            err.ends_with("did you mean \"/choices/0/message/content\"?"),
+            "{err}"
+        );
+        let err = System::parse(&template("inputs.0.text", "/ok"), path)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("sys.toml:18:9: [model] input \"inputs.0.text\""),
+            "{err}"
+        );
+        assert!(err.ends_with("did you mean \"/inputs/0/text\"?"), "{err}");
+        // A pointer whose `~` escapes nothing.
+        let err = System::parse(&template("/text", "/a~b"), path)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sys.toml:19:10"), "{err}");
+        assert!(err.ends_with("did you mean \"/a~0b\"?"), "{err}");
+    }
+
+    #[test]
+    fn paths_written_other_ways_suggest_their_pointer() {
+        for (path, pointer) in [
+            ("choices[0].message.content", "/choices/0/message/content"),
+            ("$.result.text", "/result/text"),
+            ("outputs[0][\"data\"][0]", "/outputs/0/data/0"),
+            ("result['a/b']", "/result/a~1b"),
+            ("result/text", "/result/text"),
+            (" .result ", "/result"),
+            ("$", ""),
+            ("/a~b~1", "/a~0b~1"),
+        ] {
+            assert_eq!(suggest_pointer(path), pointer, "{path}");
+            assert_eq!(check_pointer(pointer), Ok(()), "{pointer}");
+        }
+        for bad in ["choices[0].text", "result", "/a~", "/a~2"] {
+            assert!(check_pointer(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

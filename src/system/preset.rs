@@ -4,6 +4,7 @@
 //! against the installed versions are in docs/systems.md, sections 4 and 5.
 
 use super::{Framework, Results};
+use crate::contract::fencing::Fencing;
 use crate::fault::FaultKind;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -31,7 +32,7 @@ pub fn faults(framework: Framework) -> Vec<FaultKind> {
             PrefetchRestore,
         ],
         Framework::Apalis => vec![HeartbeatMiss, HeartbeatMiss, KillMain],
-        Framework::Custom => vec![KillMain],
+        Framework::Custom => vec![KillHolder, KillHolder, KillMain],
     };
     own.extend([ApiResubmission, UpstreamTimeout, Partition, Drain, Cutover]);
     own
@@ -227,11 +228,21 @@ pub const APALIS_INSERT: &str = "INSERT INTO apalis.jobs (id, job_type, job, sta
 /// The audit table and trigger racecert installs on the team's result table (only in its own
 /// test database): every insert and update, with the old and new status, the output and version,
 /// the transaction and the time. No worker can write the table without leaving a row here.
-pub fn audit_sql(results: &Results) -> String {
+pub fn audit_sql(results: &Results, fencing: Option<&Fencing>) -> String {
     let version = results
         .version
         .as_ref()
         .map_or("NULL".to_owned(), |v| format!("NEW.\"{v}\"::text"));
+    // The team's fencing column before and after each write, as text (NULL without one).
+    let (old_fence, new_fence) = fencing.map_or(("NULL".to_owned(), "NULL".to_owned()), |f| {
+        (
+            format!(
+                "CASE WHEN TG_OP = 'UPDATE' THEN OLD.\"{}\"::text END",
+                f.column
+            ),
+            format!("NEW.\"{}\"::text", f.column),
+        )
+    });
     format!(
         r#"CREATE TABLE IF NOT EXISTS racecert_audit (
     id bigserial PRIMARY KEY,
@@ -241,16 +252,19 @@ pub fn audit_sql(results: &Results) -> String {
     new_status text,
     output text,
     model_version text,
+    old_fence text,
+    new_fence text,
     txid bigint NOT NULL DEFAULT txid_current(),
     backend_pid int NOT NULL DEFAULT pg_backend_pid(),
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE OR REPLACE FUNCTION racecert_audit_row() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO racecert_audit (op, request_key, old_status, new_status, output, model_version)
+    INSERT INTO racecert_audit (op, request_key, old_status, new_status, output, model_version,
+                                old_fence, new_fence)
     VALUES (TG_OP, NEW."{key}"::text,
             CASE WHEN TG_OP = 'UPDATE' THEN OLD."{status}"::text END,
-            NEW."{status}"::text, NEW."{output}"::text, {version});
+            NEW."{status}"::text, NEW."{output}"::text, {version}, {old_fence}, {new_fence});
     RETURN NEW;
 END $$;
 DROP TRIGGER IF EXISTS racecert_audit ON "{table}";

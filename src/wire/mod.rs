@@ -449,6 +449,11 @@ pub trait Sink: Send + Sync + 'static {
     fn opaque(&self, link: &str, conn: u64, reason: &str) {
         let _ = (link, conn, reason);
     }
+    /// A client connected: the engine's connection id and the client's address as the proxy
+    /// saw the peer (the client end of the socket, which names the process that holds it).
+    fn opened(&self, link: &str, conn: u64, client: std::net::SocketAddr) {
+        let _ = (link, conn, client);
+    }
 }
 
 impl<F> Sink for F
@@ -602,6 +607,7 @@ impl WireTapBuilder {
 
 impl Tap for WireTap {
     fn open(&self, conn: ConnInfo) -> Arc<dyn ConnTap> {
+        self.sink.opened(&self.link, conn.id, conn.client);
         conn::Connection::open(self, conn.id)
     }
 }

@@ -28,6 +28,7 @@ crate::tests!(
     celery_a_late_invalidation_is_caught_and_the_versioned_cache_passes_every_rollout_fault,
     celery_a_stale_cache_incident_log_replays_on_the_team_system,
     celery_a_backend_switch_under_a_running_worker_is_caught_where_the_row_keeps_its_own_version,
+    rq_a_crash_kills_the_work_horse_that_holds_the_job_on_a_framework_without_a_preset,
 );
 
 fn example(file: &str) -> PathBuf {
@@ -1018,5 +1019,106 @@ async fn celery_submitted_by_the_teams_own_command_with_spaces_in_the_input(
         inserts == [Some(racecert::runner::system::SUBMITTER)],
         "the submitter's INSERT is its own: {inserts:?}\n{text}"
     );
+    Ok(())
+}
+
+/// RQ, a framework racecert has no preset for (`framework = "custom"`), runs each job in a work
+/// horse it forks into a process group of its own. `kill-holder` kills the process whose
+/// connection holds the job's model call, the horse: landed. The naive job, enqueued without a
+/// retry, is then lost (RQ moves it to its failed registry, the row stays RUNNING): FAILED by
+/// `no-lost-job`. The safe one (RQ's `Retry`, an epoch on its final write, named in
+/// `[fencing]`) is run again and ends once, with the fencing invariants judged by its epoch.
+/// `kill-main`, the SIGKILL of the worker's process group, leaves the horse running: the run
+/// says the process in the call survived it. The unguarded job (the epoch taken, not required
+/// by its final write) is caught by the fencing invariant when the API submits again.
+async fn rq_a_crash_kills_the_work_horse_that_holds_the_job_on_a_framework_without_a_preset(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let naive = System::load(&example("rq-worker/naive.toml"))?;
+    let outcome = run_system(bed, &naive, &settings(&[FaultKind::KillHolder])).await?;
+    let text = summary(&outcome);
+    let case = outcome.cases.first().context_or("no case ran")?;
+    anyhow::ensure!(
+        case.fault == FaultKind::KillHolder
+            && case.landed
+            && case
+                .violations
+                .iter()
+                .any(|v| v.invariant.name() == "no-lost-job"),
+        "the naive job's horse was killed holding it and the job lost:\n{text}"
+    );
+
+    let safe = System::load(&example("rq-worker/safe.toml"))?;
+    let outcome = run_system(
+        bed,
+        &safe,
+        &settings(&[FaultKind::KillHolder, FaultKind::KillMain]),
+    )
+    .await?;
+    let text = summary(&outcome);
+    let holder = outcome
+        .cases
+        .iter()
+        .find(|c| c.fault == FaultKind::KillHolder)
+        .context_or("no kill-holder case")?;
+    anyhow::ensure!(
+        outcome.passed()
+            && holder.landed
+            && holder.final_writes == 1
+            && !holder
+                .not_judged
+                .iter()
+                .any(|i| i.name() == "no-non-owner-final-write"),
+        "the safe job's horse was killed holding it, RQ's retry ended it once, fencing judged:\n{text}"
+    );
+    let main = outcome
+        .cases
+        .iter()
+        .find(|c| c.fault == FaultKind::KillMain)
+        .context_or("no kill-main case")?;
+    anyhow::ensure!(
+        main.effect
+            .as_ref()
+            .is_some_and(|e| e.to_string().contains("survived it")),
+        "the group's SIGKILL left the horse in its own group running, and the run says so:\n{text}"
+    );
+
+    let unguarded = System::load(&example("rq-worker/unguarded.toml"))?;
+    let outcome = run_system(bed, &unguarded, &settings(&[FaultKind::ApiResubmission])).await?;
+    let text = summary(&outcome);
+    anyhow::ensure!(
+        outcome.cases.iter().any(|c| c
+            .violations
+            .iter()
+            .any(|v| v.invariant.name() == "no-non-owner-final-write")),
+        "the older attempt's final write under the newer attempt's epoch is caught:\n{text}"
+    );
+
+    // An API that stores the request first refuses it when it comes again: a protection the
+    // run shows, not a configuration error.
+    let path = example("rq-worker/safe.toml");
+    let text = std::fs::read_to_string(&path)?.replace("--job safe\"", "--job safe --insert\"");
+    anyhow::ensure!(text.contains("--insert"), "the submit command was replaced");
+    let refusing = System::parse(&text, &path)?;
+    let outcome = run_system(bed, &refusing, &settings(&[FaultKind::ApiResubmission])).await?;
+    let report = racecert::report::system::system_text(&outcome, &path);
+    let refused = outcome.cases.first().is_some_and(|c| {
+        c.landed
+            && c.effect
+                .as_ref()
+                .is_some_and(|e| e.to_string().contains("the API refused it"))
+    });
+    anyhow::ensure!(
+        outcome.passed() && refused && report.contains("already accepted"),
+        "the refused resubmission is the API's protection, shown in the report:\n{report}"
+    );
+    // No work horse outlives its run, not even one `kill-main` orphaned.
+    let left: Vec<String> = procfs::process::all_processes()?
+        .flatten()
+        .filter_map(|p| p.cmdline().ok())
+        .map(|args| args.join(" "))
+        .filter(|line| line.contains("bin/rq worker inference"))
+        .collect();
+    anyhow::ensure!(left.is_empty(), "RQ processes left behind: {left:?}");
     Ok(())
 }

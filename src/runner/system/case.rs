@@ -2,11 +2,12 @@
 //! framework's clients do, the fault applied (through [`crate::fault::apply`]: this case is the
 //! fault's [`Plane`]) once a worker took the request, then a drain.
 
-use super::fleet::{children_of, configure, open_links};
+use super::fleet::{configure, open_links};
 use super::judge::judge;
 use super::{Arrow, Fleet, SystemCase, Wire, now_ms};
 use crate::env::TestBed;
 use crate::env::backends::{Behaviour, ModelBackend, ProgramGuard, release_all};
+use crate::env::procs;
 use crate::fault::{Effect, Fault, FaultKind, Plane};
 use crate::history::Observation;
 use crate::system::preset::{
@@ -95,6 +96,10 @@ pub(super) struct CaseCtx<'a, 'f> {
     pub(super) observations: Vec<(i64, Observation)>,
     /// The origin of the wire's clock, Unix ms.
     pub(super) wire_origin_unix_ms: i64,
+    /// Why the case's liveness cannot be judged, when it cannot: racecert's own backends still
+    /// held a model call when the drain's bound ran out, so a request still running may be
+    /// racecert's doing, not the system's.
+    pub(super) liveness_blind: Option<String>,
 }
 
 /// What a framework fault needs to know of its case: the delivery (Celery's tag), the slow model
@@ -122,6 +127,33 @@ pub(super) struct Aim {
 }
 
 impl CaseCtx<'_, '_> {
+    /// The model calls in flight on racecert's links now (sent by a worker or the submitter, not
+    /// yet answered nor hung up): one entry per call, naming whose it is.
+    pub(super) fn held_calls(&self) -> Vec<String> {
+        self.fleet
+            .workers
+            .iter()
+            .chain(&self.fleet.submitter)
+            .flat_map(|w| {
+                let calls = w.links.in_flight(&w.links.backend_links()).len();
+                std::iter::repeat_n(w.id.clone(), calls)
+            })
+            .collect()
+    }
+
+    /// Restarts worker `index` after a kill of its own process, under the same name.
+    async fn restart_killed(&mut self, index: usize) -> Result<()> {
+        if self.system.framework == Framework::Celery {
+            // Its delivery stays in `unacked`; kombu restores it at the first sweep after the
+            // visibility timeout, which the restarted worker's start runs.
+            tokio::time::sleep(self.aim.visibility + Duration::from_millis(300)).await;
+        }
+        self.fleet.start(index).await?;
+        let id = self.worker_id(index);
+        self.note(&id, &id, "restarted under the same name", "message");
+        Ok(())
+    }
+
     pub(super) fn note(&mut self, from: &str, to: &str, label: impl Into<String>, kind: &str) {
         self.arrows.push(Arrow {
             at_ms: now_ms() - self.t0,
@@ -358,6 +390,7 @@ pub(super) async fn run_case(
     // How long the first attempt's model call lasts: past what the fault needs, below the
     // worker's own model timeout (a slow model it waits for) unless the fault is that timeout.
     let slow = crate::system::preset::call_hold(fault, vt, orphan, system.model_timeout);
+    idle_fleet(ctx).await?;
     prepare_fleet(ctx, fault).await?;
     let slow_guards = ctx.slow_models(slow).await?;
     ctx.aim.visibility = vt;
@@ -425,6 +458,14 @@ pub(super) async fn run_case(
             )));
         }
         release_all(slow_guards).await;
+        let held = ctx.held_calls();
+        if !held.is_empty() {
+            // Busy with work racecert still holds: an untaken request is racecert's doing.
+            ctx.liveness_blind = Some(format!(
+                "no worker took the request: {} still in model call(s) racecert's backends held",
+                held.join(", ")
+            ));
+        }
         return judge(ctx, number, fault, request_id, &input).await;
     };
     let call_started = Instant::now();
@@ -458,6 +499,36 @@ pub(super) async fn run_case(
     release_all(slow_guards).await;
     drain(ctx, done_by, vt.max(orphan)).await?;
     judge(ctx, number, fault, request_id, &input).await
+}
+
+/// Starts a case on idle workers: a model call an earlier case left open on racecert's links
+/// (held by its backends, or a worker still waiting for one) is waited out for a bound, then its
+/// worker is restarted, so no case is judged on what an earlier one left behind.
+async fn idle_fleet(ctx: &mut CaseCtx<'_, '_>) -> Result<()> {
+    const BOUND: Duration = Duration::from_secs(10);
+    let waited = Instant::now();
+    while !ctx.held_calls().is_empty() && waited.elapsed() < BOUND {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for index in 0..ctx.fleet.workers.len() {
+        let links = &ctx.fleet.workers[index].links;
+        if links.in_flight(&links.backend_links()).is_empty() {
+            continue;
+        }
+        let id = ctx.fleet.workers[index].id.clone();
+        ctx.fleet.stop(index, Duration::from_secs(2)).await;
+        ctx.fleet.start(index).await?;
+        ctx.note(
+            &id,
+            &id,
+            format!(
+                "restarted before the case: still in an earlier case's model call after {} ms",
+                waited.elapsed().as_millis()
+            ),
+            "message",
+        );
+    }
+    Ok(())
 }
 
 /// Stops worker `index` (SIGSTOP) while it holds no PostgreSQL transaction open, as its recorded
@@ -613,7 +684,8 @@ async fn drain(
     redelivery: Duration,
 ) -> Result<()> {
     let request = format!("{}-req", ctx.prefix);
-    let bound = Instant::now() + redelivery * 2 + Duration::from_secs(15);
+    // Room for a call that arrived as the drain began to be answered by its hold.
+    let bound = Instant::now() + redelivery * 2 + Duration::from_secs(15) + ctx.aim.slow;
     let mut quiet_since: Option<(Instant, i64, usize)> = None;
     loop {
         let writes: i64 =
@@ -642,6 +714,11 @@ async fn drain(
             .unwrap_or(0),
             Framework::Custom => 0,
         };
+        // A model call racecert's backends still hold (a retry that arrived before the fault let
+        // later calls answer at once) is work in flight whatever the framework: the request may
+        // end once it is answered.
+        let held = ctx.held_calls();
+        let in_flight = in_flight + held.len() as i64;
         let now = Instant::now();
         if now >= first_call_done && in_flight == 0 {
             // Quiet: no new write and no new model call for a while.
@@ -657,6 +734,15 @@ async fn drain(
             quiet_since = None;
         }
         if now >= bound || crate::interrupt::requested().is_some() {
+            if !held.is_empty() {
+                let why = format!(
+                    "racecert's backends still held {} model call(s) (of {}) when the drain's bound ran out",
+                    held.len(),
+                    held.join(", ")
+                );
+                ctx.note("racecert", "racecert", why.clone(), "fault");
+                ctx.liveness_blind = Some(why);
+            }
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -826,7 +912,7 @@ impl Plane for CaseCtx<'_, '_> {
 
     async fn kill_pool_child(&mut self, worker: usize) -> Result<Option<String>> {
         let main = self.fleet.workers[worker].main_pid();
-        let children = main.map(children_of).unwrap_or_default();
+        let children = main.map(procs::children).unwrap_or_default();
         for child in &children {
             let _ = kill(Pid::from_raw(*child), Signal::SIGKILL);
         }
@@ -849,17 +935,74 @@ impl Plane for CaseCtx<'_, '_> {
             "SIGKILL of the worker process (group) mid-call",
             "fault",
         );
-        release_all(std::mem::take(&mut self.aim.slow_guards)).await;
-        if self.system.framework == Framework::Celery {
-            // Its delivery stays in `unacked`; kombu restores it at the first sweep after the
-            // visibility timeout, which the restarted worker's start runs.
-            tokio::time::sleep(self.aim.visibility + Duration::from_millis(300)).await;
+        // A process outside the group (a child forked into a group or session of its own) may
+        // still hold the call: the run says so, since the crash of that process is another kind.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let links = &self.fleet.workers[worker].links;
+        let survivor = if links.in_flight(&links.backend_links()).is_empty() {
+            ""
+        } else {
+            "; the process in its model call survived it (outside the worker's process group: \
+             kill-holder is the crash of that process)"
+        };
+        if !survivor.is_empty() {
+            self.note(&id, &id, survivor.trim_start_matches("; "), "fault");
         }
-        self.fleet.start(worker).await?;
-        self.note(&id, &id, "restarted under the same name", "message");
-        Ok(Some(
-            "SIGKILL of the worker process mid-call, restarted under the same name".to_owned(),
-        ))
+        release_all(std::mem::take(&mut self.aim.slow_guards)).await;
+        self.restart_killed(worker).await?;
+        Ok(Some(format!(
+            "SIGKILL of the worker process mid-call, restarted under the same name{survivor}"
+        )))
+    }
+
+    async fn kill_holder(&mut self, worker: usize) -> Result<Option<String>> {
+        let id = self.worker_id(worker);
+        let (holders, main) = {
+            let w = &self.fleet.workers[worker];
+            let Some(root) = w.pid() else {
+                return Ok(None);
+            };
+            // The connections of its model links with the call in flight, and the processes
+            // under its command that hold their client ends: the process that holds the job.
+            let clients = w.links.in_flight(&w.links.backend_links());
+            let holders: Vec<(i32, String)> = procs::owners_of(&clients, &procs::tree(root))
+                .into_iter()
+                .map(|pid| (pid, procs::describe(pid)))
+                .collect();
+            (holders, w.main_pid())
+        };
+        if holders.is_empty() {
+            release_all(std::mem::take(&mut self.aim.slow_guards)).await;
+            self.note(
+                &id,
+                &id,
+                "no process of the worker holds a model call in flight",
+                "fault",
+            );
+            return Ok(None);
+        }
+        for (pid, _) in &holders {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+        }
+        let named = holders
+            .iter()
+            .map(|(_, shown)| shown.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let detail = format!("SIGKILL of the process holding the model call: {named}");
+        self.note(&id, &id, detail.clone(), "fault");
+        release_all(std::mem::take(&mut self.aim.slow_guards)).await;
+        // The worker's own process held it (a single-process worker): nothing of the worker is
+        // left to recover the job, so it restarts as after `kill-main`. A child that held it
+        // leaves its parent to do what the framework does with a lost child.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let main_held = main.is_some_and(|m| holders.iter().any(|(pid, _)| *pid == m));
+        if main_held || self.fleet.exited(worker) {
+            self.fleet.kill(worker).await;
+            self.restart_killed(worker).await?;
+            return Ok(Some(format!("{detail}; the worker restarted")));
+        }
+        Ok(Some(detail))
     }
 
     async fn warm_shutdown(&mut self, worker: usize) -> Result<Option<String>> {
@@ -899,9 +1042,68 @@ impl Plane for CaseCtx<'_, '_> {
             format!("{request_id} submitted again (its API's client timed out) while {id} runs it"),
             "fault",
         );
-        self.submit(&request_id, &input).await?;
+        let command = match &self.system.submit {
+            Submit::Command(command) => {
+                Some(self.system.resubmit.clone().unwrap_or(command.clone()))
+            }
+            Submit::Preset { .. } => None,
+        };
+        let Some(command) = command else {
+            self.submit(&request_id, &input).await?;
+            return Ok(Some(format!(
+                "request {request_id} submitted again, same key, while {id} ran its first attempt"
+            )));
+        };
+        // The team's API may refuse a request it has seen: its command's failure is then the
+        // system's answer (a protection), not the file's error.
+        self.observations.push((
+            now_ms(),
+            Observation::Submitted {
+                key: request_id.clone(),
+            },
+        ));
+        let (shown, output) = self
+            .run_team_command(
+                &command,
+                &[("request_id", &request_id), ("input", &input)],
+                "submit",
+                "resubmit command",
+                SUBMIT_BOUND,
+            )
+            .await?;
+        if output.status.success() {
+            self.note(
+                "racecert",
+                "racecert",
+                format!("submitted again with `{shown}`"),
+                "message",
+            );
+            return Ok(Some(format!(
+                "request {request_id} submitted again, same key, while {id} ran its first attempt"
+            )));
+        }
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let last = stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        let why = format!("{}: {}", output.status, last.trim());
+        self.note(
+            "racecert",
+            "racecert",
+            format!("the API refused the request submitted again ({why})"),
+            "fault",
+        );
+        self.observations.push((
+            now_ms(),
+            Observation::Refused {
+                key: request_id.clone(),
+                why: why.clone(),
+            },
+        ));
         Ok(Some(format!(
-            "request {request_id} submitted again, same key, while {id} ran its first attempt"
+            "request {request_id} submitted again, same key, while {id} ran its first attempt: the API refused it ({why})"
         )))
     }
 

@@ -59,7 +59,10 @@ impl Worker {
         if simple_command(&self.command) {
             Some(pid)
         } else {
-            children_of(pid).into_iter().min().or(Some(pid))
+            crate::env::procs::children(pid)
+                .into_iter()
+                .min()
+                .or(Some(pid))
         }
     }
 
@@ -83,7 +86,13 @@ pub(super) struct Fleet<'a> {
     pub(super) wire: Wire,
     pub(super) readers: Vec<tokio::task::JoinHandle<()>>,
     pub(super) deadline: Duration,
+    /// The run's mark in each worker's environment ([`FLEET_ENV`]): what finds a worker's
+    /// process that outlived its parent (a child in a group of its own, orphaned by a kill).
+    pub(super) tag: String,
 }
+
+/// The variable that marks a run's worker processes.
+pub(super) const FLEET_ENV: &str = "RACECERT_FLEET";
 
 impl Fleet<'_> {
     /// Starts worker `index` and waits until it is ready: its `ready` line, else its first
@@ -118,6 +127,7 @@ impl Fleet<'_> {
                     .iter()
                     .map(|(k, v)| (k.as_str(), v.as_str())),
             )
+            .env(FLEET_ENV, &self.tag)
             // Its owner: the next start reaps it if this run is killed before it can.
             .env(
                 crate::env::reaper::OWNER_ENV,
@@ -248,9 +258,15 @@ impl Fleet<'_> {
         }
     }
 
-    /// Stops worker `index`: SIGCONT, SIGTERM, SIGKILL of its group after `grace`.
+    /// Stops worker `index`: SIGCONT, SIGTERM, SIGKILL of its group after `grace`, then of
+    /// every process of its tree still alive (a child in a group of its own outlives its
+    /// group's signals).
     pub(super) async fn stop(&mut self, index: usize, grace: Duration) {
         let worker = &mut self.workers[index];
+        let tree = worker
+            .pid()
+            .map(crate::env::procs::tree)
+            .unwrap_or_default();
         worker.signal_group(Signal::SIGCONT);
         worker.signal_group(Signal::SIGTERM);
         if let Some(mut child) = worker.child.take() {
@@ -264,6 +280,20 @@ impl Fleet<'_> {
         }
         worker.signal_group(Signal::SIGKILL);
         worker.child = None;
+        for pid in tree {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+
+    /// SIGKILLs every process of the run still alive after its workers were stopped: children a
+    /// kill orphaned (handed to init, out of any worker's tree), found by [`FLEET_ENV`].
+    /// Returns how many there were.
+    pub(super) fn reap_strays(&self) -> usize {
+        let strays = crate::env::procs::with_env(FLEET_ENV, &self.tag);
+        for pid in &strays {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+        }
+        strays.len()
     }
 
     /// SIGKILLs worker `index`'s process group and waits for its process to end.
@@ -287,27 +317,6 @@ impl Fleet<'_> {
 /// A command `exec` can replace the shell with: no list, pipe or subshell.
 pub(super) fn simple_command(command: &str) -> bool {
     !command.contains([';', '&', '|', '\n', '(', '`'])
-}
-
-/// The children of process `pid` (from /proc).
-pub(super) fn children_of(pid: i32) -> Vec<i32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|child| {
-            std::fs::read_to_string(format!("/proc/{child}/stat"))
-                .ok()
-                .and_then(|stat| {
-                    // The name may hold spaces and parentheses: fields resume after the last ')'.
-                    let rest = &stat[stat.rfind(')')? + 2..];
-                    rest.split(' ').nth(1)?.parse::<i32>().ok()
-                })
-                == Some(pid)
-        })
-        .collect()
 }
 
 /// Replaces the path (and keeps the query) of a `scheme://authority/path?query` URL.

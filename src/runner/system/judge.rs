@@ -6,6 +6,7 @@ use super::{Arrow, SystemCase};
 use crate::Result;
 use crate::check::{CaseResult, Invariant};
 use crate::contract::JobRow;
+use crate::contract::fencing::FenceOrder;
 use crate::fault::FaultKind;
 use crate::history::{AuditRow, Event, EventKind, History, Observation, SubmittedRequest};
 use crate::system::System;
@@ -15,9 +16,9 @@ use sqlx::Row;
 /// What can be judged of a system as its file describes it: the audit trail always says how
 /// many final writes a request had and whether it ended; the version column lets a result be
 /// checked against the version it names; `[keys]` lets the wire judge the team's own leases and
-/// cache. Generations and lease tokens are the contract's columns, not a team's table's: those
-/// invariants are reported as not judged. Backend calls are not judged (compute waste needs the
-/// contract's request body to know the job).
+/// cache; `[fencing]` names the team's generation or token column, by which the fencing
+/// invariants are judged (without it they are reported as not judged). Backend calls are not
+/// judged (compute waste needs the contract's request body to know the job).
 pub(super) fn judged(system: &System) -> (Vec<Invariant>, Vec<Invariant>) {
     // Every worker's round trips are recorded: a worker told to stop is judged on what it took.
     let mut judged = vec![
@@ -27,6 +28,12 @@ pub(super) fn judged(system: &System) -> (Vec<Invariant>, Vec<Invariant>) {
     ];
     if system.results.version.is_some() {
         judged.push(Invariant::ResultNamesItsVersion);
+    }
+    if system.fencing.is_some() {
+        judged.extend([
+            Invariant::GenerationsIncrease,
+            Invariant::NoNonOwnerFinalWrite,
+        ]);
     }
     if system.keys.lease.is_some() {
         judged.push(Invariant::LeaseDiscipline);
@@ -51,13 +58,24 @@ pub(super) fn judged(system: &System) -> (Vec<Invariant>, Vec<Invariant>) {
 /// The audited writes of `request` on the team's result table, in order.
 async fn audit_rows(ctx: &mut CaseCtx<'_, '_>, request: &str) -> Result<Vec<AuditRow>> {
     let rows = sqlx::query(
-        "SELECT id, op, old_status, new_status, output, model_version, txid, backend_pid, \
-         (extract(epoch FROM at) * 1000000)::bigint AS at_us FROM racecert_audit \
-         WHERE request_key = $1 ORDER BY id",
+        "SELECT id, op, old_status, new_status, output, model_version, old_fence, new_fence, \
+         txid, backend_pid, (extract(epoch FROM at) * 1000000)::bigint AS at_us \
+         FROM racecert_audit WHERE request_key = $1 ORDER BY id",
     )
     .bind(request)
     .fetch_all(&mut *ctx.pg)
     .await?;
+    let order = ctx.system.fencing.as_ref().map(|f| f.order);
+    // The fence as the team's column holds it: a number for an increasing one (a value that is
+    // not one stays unknown), text for a token.
+    let fence = |row: &sqlx::postgres::PgRow, column: &str| -> (Option<i64>, Option<String>) {
+        let value: Option<String> = row.get(column);
+        match order {
+            Some(FenceOrder::Increasing) => (value.and_then(|v| v.trim().parse().ok()), None),
+            Some(FenceOrder::Token) => (None, value),
+            None => (None, None),
+        }
+    };
     Ok(rows
         .iter()
         .map(|row| AuditRow {
@@ -69,12 +87,12 @@ async fn audit_rows(ctx: &mut CaseCtx<'_, '_>, request: &str) -> Result<Vec<Audi
             new_status: row
                 .get::<Option<String>, _>("new_status")
                 .unwrap_or_default(),
-            old_generation: None,
-            new_generation: None,
+            old_generation: fence(row, "old_fence").0,
+            new_generation: fence(row, "new_fence").0,
             old_model_version: None,
             new_model_version: row.get("model_version"),
-            old_lease_token: None,
-            new_lease_token: None,
+            old_lease_token: fence(row, "old_fence").1,
+            new_lease_token: fence(row, "new_fence").1,
             worker_id: None,
             attempt: 0,
             output: row.get("output"),
@@ -193,6 +211,7 @@ async fn history(ctx: &mut CaseCtx<'_, '_>, request: &str, input: &str) -> Resul
         wire_recorded: true,
         layout: ctx.system.keys.clone(),
         terminal: ctx.system.results.terminal.clone(),
+        fencing: ctx.system.fencing.clone(),
         connections,
         wire_origin_ms: Some(ctx.wire_origin_unix_ms - t0),
         epoch_unix_ms: Some(t0),
@@ -213,7 +232,14 @@ pub(super) async fn judge(
     let system = ctx.system;
     let results = &system.results;
     let history = history(ctx, &request, input).await?;
-    let (invariants, not_judged) = judged(system);
+    let (mut invariants, mut not_judged) = judged(system);
+    if ctx.liveness_blind.is_some() {
+        // Whether the request ended cannot be told while racecert itself holds its work: not
+        // judged (and said so on the diagram), never FAILED for racecert's own doing.
+        let liveness = Invariant::LIVENESS;
+        not_judged.extend(invariants.iter().filter(|i| liveness.contains(i)).copied());
+        invariants.retain(|i| !liveness.contains(i));
+    }
     let mut case = CaseResult::judge(history, &invariants);
     // A system case has no schedule steps: the proof's place is its time, not "step 0".
     for violation in &mut case.violations {
@@ -371,6 +397,11 @@ pub(super) async fn judge(
         final_writes,
         effect: ctx.effects.first().map(|(_, effect)| effect.clone()),
         landed: case.coverage.landed(fault) > 0,
+        liveness_blind: ctx.liveness_blind.take(),
+        refused: ctx.observations.iter().find_map(|(_, o)| match o {
+            Observation::Refused { why, .. } => Some(why.clone()),
+            _ => None,
+        }),
     })
 }
 

@@ -243,6 +243,14 @@ pub struct SystemCase {
     pub model_calls: usize,
     /// Writes that set a terminal status.
     pub final_writes: usize,
+    /// Why the case's liveness ([`Invariant::LIVENESS`]) was not judged, when it was not:
+    /// racecert itself still held the request's work when the case had to end.
+    #[serde(default)]
+    pub liveness_blind: Option<String>,
+    /// How the team's API refused the request when it was submitted again, if it did (its
+    /// submit command failed): a protection against duplicates the report shows.
+    #[serde(default)]
+    pub refused: Option<String>,
 }
 
 /// The result of a system run.
@@ -310,11 +318,13 @@ impl SystemOutcome {
     }
 
     /// The run's verdict: FAILED on a broken invariant, INCONCLUSIVE when a kind in scope never
-    /// landed, PASSED otherwise.
+    /// landed or a case's liveness could not be judged, PASSED otherwise.
     pub fn verdict(&self) -> Verdict {
         if !self.held() {
             Verdict::Failed
-        } else if !self.scope().unlanded(&self.coverage()).is_empty() {
+        } else if !self.scope().unlanded(&self.coverage()).is_empty()
+            || self.cases.iter().any(|c| c.liveness_blind.is_some())
+        {
             Verdict::Inconclusive
         } else {
             Verdict::Passed
@@ -498,6 +508,7 @@ async fn run_with_backends(
         wire: wire.clone(),
         readers: Vec::new(),
         deadline: settings.startup_deadline,
+        tag: format!("rs{}x{run}", std::process::id()),
     };
     let mut startup_ms = BTreeMap::new();
     let mut result = Ok(());
@@ -563,6 +574,7 @@ async fn run_with_backends(
                 effects: Vec::new(),
                 observations: Vec::new(),
                 wire_origin_unix_ms: bed.wire_origin_unix_ms(),
+                liveness_blind: None,
             };
             let started = Instant::now();
             match run_case(&mut ctx, number, fault, venv, redis_db, database).await {
@@ -586,6 +598,13 @@ async fn run_with_backends(
     }
     for index in 0..fleet.workers.len() {
         fleet.stop(index, Duration::from_secs(5)).await;
+    }
+    let strays = fleet.reap_strays();
+    if strays > 0 {
+        tracing::info!(
+            strays,
+            "killed worker processes that outlived their workers"
+        );
     }
     for reader in std::mem::take(&mut fleet.readers) {
         let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
@@ -713,6 +732,7 @@ async fn prepare_results(pg: &mut PgConnection, system: &System) -> Result<()> {
         ("results.status", Some(&results.status)),
         ("results.output", Some(&results.output)),
         ("results.version", results.version.as_ref()),
+        ("fencing.column", system.fencing.as_ref().map(|f| &f.column)),
     ] {
         if let Some(column) = column
             && !columns.contains(column)
@@ -725,7 +745,7 @@ async fn prepare_results(pg: &mut PgConnection, system: &System) -> Result<()> {
             )));
         }
     }
-    sqlx::raw_sql(AssertSqlSafe(audit_sql(results)))
+    sqlx::raw_sql(AssertSqlSafe(audit_sql(results, system.fencing.as_ref())))
         .execute(&mut *pg)
         .await?;
     Ok(())

@@ -200,6 +200,32 @@ impl CaseCtx<'_, '_> {
         what: &str,
         bound: Duration,
     ) -> Result<String> {
+        let (command, output) = self
+            .run_team_command(template, values, field, what, bound)
+            .await?;
+        if !output.status.success() {
+            return Err(crate::Error::Config(format!(
+                "{}: {what} `{command}` failed ({}):\n{}",
+                self.system.place(field),
+                output.status,
+                super::tail(&String::from_utf8_lossy(&output.stderr), 20)
+            )));
+        }
+        Ok(command)
+    }
+
+    /// Runs one of the team's commands as [`CaseCtx::team_command`] does, and returns how it
+    /// ended whatever it was: for a command whose failure is the system's answer (an API that
+    /// refuses a duplicate request), not the file's error. Only a command that cannot run or
+    /// outlives `bound` is an error.
+    pub(super) async fn run_team_command(
+        &mut self,
+        template: &str,
+        values: &[(&str, &str)],
+        field: &str,
+        what: &str,
+        bound: Duration,
+    ) -> Result<(String, std::process::Output)> {
         let system = self.system;
         // The submitter's own links (its writes are its own on the wire).
         let submitter = self
@@ -214,6 +240,9 @@ impl CaseCtx<'_, '_> {
             ("venv", venv.as_str()),
             ("redis_url", redis_url.as_str()),
             ("database_url", database_url.as_str()),
+            ("model_url", submitter.model_url.as_str()),
+            ("worker_id", submitter.id.as_str()),
+            ("model_version", submitter.version.as_str()),
         ];
         all.extend_from_slice(values);
         let command = fill_shell(template, &all);
@@ -235,15 +264,7 @@ impl CaseCtx<'_, '_> {
                 )));
             }
         };
-        if !output.status.success() {
-            return Err(crate::Error::Config(format!(
-                "{}: {what} `{command}` failed ({}):\n{}",
-                system.place(field),
-                output.status,
-                super::tail(&String::from_utf8_lossy(&output.stderr), 20)
-            )));
-        }
-        Ok(command)
+        Ok((command, output))
     }
 }
 
