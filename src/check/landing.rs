@@ -215,6 +215,16 @@ fn received_after(history: &History, at: i64) -> bool {
                     .is_some_and(|k| ids.contains(&k))
         })
         .filter_map(|(_, line)| line.get("job_id"))
+        .chain(history.events.iter().filter_map(|event| match &event.kind {
+            // The message's id as it went onto the queue (from the wire or racecert's own
+            // message): a delivery line naming only that id is the request's.
+            EventKind::Harness(Observation::Enqueued { key, job_id })
+                if ids.contains(&key.as_str()) =>
+            {
+                Some(job_id.as_str())
+            }
+            _ => None,
+        }))
         .collect();
     lines().any(|(when, line)| {
         when >= at
@@ -235,8 +245,12 @@ fn refused_after(history: &History, at: i64) -> bool {
 /// Whether the request was untouched at `at` (reserved, not started: no round trip acting on it
 /// in flight or done) and unfinished.
 fn reserved(history: &History, at: i64) -> bool {
+    // The submitter's own trips (the row its API inserted, the message it pushed) are the
+    // submission, not a start of the work.
     first_final(history).is_none_or(|done| done > at)
-        && !acting(history).iter().any(|(_, sent, _, _)| *sent <= at)
+        && !acting(history)
+            .iter()
+            .any(|(who, sent, _, _)| *who != crate::history::SUBMITTER && *sent <= at)
 }
 
 /// Whether framework fault `kind`, begun at `at` (history ms) on `worker`, landed on its target.
@@ -407,6 +421,7 @@ mod tests {
             keys: vec![key.into()],
             queued: false,
             truncated: false,
+            pushed: Vec::new(),
         })
     }
 

@@ -818,6 +818,7 @@ mod tests {
                         keys: vec![lease.into()],
                         queued: false,
                         truncated: false,
+                        pushed: Vec::new(),
                     }),
                     reply: Some(Reply::Redis(RedisReply::Status("OK".into()))),
                 },

@@ -573,6 +573,7 @@ mod tests {
                     keys: keys.iter().map(|k| (*k).to_owned()).collect(),
                     queued: false,
                     truncated: false,
+                    pushed: Vec::new(),
                 }),
                 reply: Some(Reply::Redis(reply)),
             },

@@ -18,6 +18,11 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+/// Whose round trips are the submitter's, not a worker's: a team's `[submit] command` runs on
+/// links of its own under this name. What it does to a request is its submission (the row
+/// its API inserts, the message it pushes), never work on it.
+pub const SUBMITTER: &str = "submitter";
+
 /// One row of `inference_jobs_audit`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditRow {
@@ -162,6 +167,16 @@ pub enum Observation {
         /// The request's key.
         key: String,
     },
+    /// A request's message went onto the queue under the framework's own id for it (Celery's
+    /// task id, a message or job id), read from the message racecert wrote or from the
+    /// submitter's push on the wire: what ties the framework's lines and deliveries to the
+    /// request when they name only that id.
+    Enqueued {
+        /// The request's key.
+        key: String,
+        /// The framework's id of the message.
+        job_id: String,
+    },
     /// A team's API refused a request submitted again (its submit command exited non-zero): a
     /// protection against duplicates, not a broken description.
     Refused {
@@ -216,6 +231,7 @@ impl Observation {
             Observation::Pending { .. } => "pending_delivery",
             Observation::Held { .. } => "held",
             Observation::Submitted { .. } => "submitted",
+            Observation::Enqueued { .. } => "enqueued",
             Observation::Refused { .. } => "refused",
             Observation::Switched { .. } => "switched",
             Observation::Stopping { .. } => "stopping",
@@ -264,6 +280,9 @@ impl Observation {
                 vec![("worker_id", worker.clone()), ("before", before.clone())]
             }
             Observation::Submitted { key } => vec![("idempotency_key", key.clone())],
+            Observation::Enqueued { key, job_id } => {
+                vec![("idempotency_key", key.clone()), ("job_id", job_id.clone())]
+            }
             Observation::Refused { key, why } => {
                 vec![("idempotency_key", key.clone()), ("why", why.clone())]
             }

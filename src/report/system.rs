@@ -25,6 +25,13 @@ pub fn system_text(outcome: &SystemOutcome, file: &Path) -> String {
         .map(|(w, ms)| format!("{w} {ms} ms"))
         .collect();
     let _ = writeln!(out, "worker start-up: {}", starts.join(", "));
+    if !outcome.recovery.is_empty() {
+        let _ = writeln!(
+            out,
+            "liveness judged after every held model call ended and the recovery bound: {}",
+            outcome.recovery
+        );
+    }
     for case in &outcome.cases {
         let _ = writeln!(
             out,
@@ -295,6 +302,7 @@ mod tests {
             outputs: BTreeMap::new(),
             log: Vec::new(),
             kinds: Vec::new(),
+            recovery: "6000 ms, racecert's default".into(),
         };
         let text = crate::report::system::system_text(&outcome, std::path::Path::new("s.toml"));
         assert!(
@@ -302,7 +310,8 @@ mod tests {
                 "counterexample: case 2 (fault kill-pool-child), request r, found after 1200 ms"
             ) && text.contains("counterexample: case 5 (fault forced-restore), request r\n")
                 && text.contains("violated at-most-one-final-write")
-                && text.matches("\nreplay: ").count() == 2,
+                && text.matches("\nreplay: ").count() == 2
+                && text.contains("the recovery bound: 6000 ms, racecert's default"),
             "{text}"
         );
     }

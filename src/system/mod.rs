@@ -174,6 +174,9 @@ pub struct System {
     pub apalis: Option<ApalisOptions>,
     /// How long the worker waits for the model (its own setting).
     pub model_timeout: Duration,
+    /// How long the system takes to give back a job a crash left (`[timeouts] recovery_ms`: a
+    /// heartbeat timeout, a maintenance interval), if the team named it.
+    pub recovery: Option<Duration>,
     /// The worker's own lease and cache keys in Redis (`[keys]`): with them, the wire checks
     /// judge its locks and cache (lease-discipline, no-stale-cache-read, ...).
     pub keys: KeyLayout,
@@ -212,7 +215,96 @@ const SUBMIT_PLACEHOLDERS: &[&str] = &[
     "model_version",
 ];
 
+/// The recovery bound of a system that names none: a worker's own retry or a framework's
+/// requeue of a dead worker's job shows within it on the frameworks racecert has met.
+const DEFAULT_RECOVERY: Duration = Duration::from_secs(6);
+
+/// The longest recovery bound a case waits for (`[timeouts] recovery_ms`).
+const MAX_RECOVERY: Duration = Duration::from_secs(300);
+
 impl System {
+    /// The file's own settings as placeholders (`{visibility_timeout_s}`, `{model_timeout_s}`,
+    /// ...), so that a value the worker must also be given (in `[start.env]`) is written once
+    /// and cannot disagree with what racecert works with.
+    pub fn settings_values(&self) -> Vec<(&'static str, String)> {
+        let mut values = vec![
+            (
+                "model_timeout_ms",
+                self.model_timeout.as_millis().to_string(),
+            ),
+            (
+                "model_timeout_s",
+                self.model_timeout.as_secs_f64().to_string(),
+            ),
+        ];
+        if let Some(recovery) = self.recovery {
+            values.push(("recovery_ms", recovery.as_millis().to_string()));
+        }
+        if let Some(celery) = &self.celery {
+            values.push((
+                "visibility_timeout_s",
+                celery.visibility_timeout_s.to_string(),
+            ));
+        }
+        if let Some(apalis) = &self.apalis {
+            values.push(("heartbeat_s", apalis.heartbeat_s.to_string()));
+            values.push(("missed_heartbeats", apalis.missed_heartbeats.to_string()));
+        }
+        values
+    }
+
+    /// The placeholders a template may hold: `fixed` and the file's settings.
+    fn allowed(&self, fixed: &[&'static str]) -> Vec<&'static str> {
+        let mut allowed = fixed.to_vec();
+        allowed.extend(self.settings_values().into_iter().map(|(name, _)| name));
+        allowed
+    }
+
+    /// How long after a fault a job it left may still come back (the system's own recovery:
+    /// the broker's redelivery, a heartbeat timeout, a maintenance pass), and where that bound
+    /// comes from. Liveness is judged only after it (and after every held model call ended).
+    pub fn recovery_bound(&self) -> (Duration, String) {
+        let preset = match (self.framework, &self.celery, &self.apalis) {
+            (Framework::Celery, Some(celery), _) => Some((
+                Duration::from_secs_f64(celery.visibility_timeout_s),
+                format!(
+                    "Celery's visibility timeout ([celery] visibility_timeout_s = {})",
+                    celery.visibility_timeout_s
+                ),
+            )),
+            (Framework::Apalis, _, Some(apalis)) => Some((
+                Duration::from_secs_f64(apalis.heartbeat_s * f64::from(apalis.missed_heartbeats)),
+                format!(
+                    "apalis' orphan bound ([apalis] heartbeat_s = {} x missed_heartbeats = {})",
+                    apalis.heartbeat_s, apalis.missed_heartbeats
+                ),
+            )),
+            _ => None,
+        };
+        let named = self.recovery.map(|bound| {
+            (
+                bound,
+                format!("[timeouts] recovery_ms = {}", bound.as_millis()),
+            )
+        });
+        match (preset, named) {
+            (Some(preset), Some(named)) => {
+                if named.0 > preset.0 {
+                    named
+                } else {
+                    preset
+                }
+            }
+            (Some(bound), None) | (None, Some(bound)) => bound,
+            (None, None) => (
+                DEFAULT_RECOVERY,
+                format!(
+                    "racecert's default of {} ms (the file names no [timeouts] recovery_ms)",
+                    DEFAULT_RECOVERY.as_millis()
+                ),
+            ),
+        }
+    }
     /// Reads and checks a system file; every error names `file:line:col`.
     pub fn load(path: &Path) -> Result<System> {
         let text = std::fs::read_to_string(path).map_err(|err| Error::io_at(path, err))?;
@@ -248,6 +340,9 @@ impl System {
         }
         if let Some(setup) = &raw.start.setup {
             note("start.setup", setup.span());
+        }
+        if let Some(recovery) = raw.timeouts.as_ref().and_then(|t| t.recovery_ms.as_ref()) {
+            note("timeouts.recovery_ms", recovery.span());
         }
         note("results.table", raw.results.table.span());
         note("results.key", raw.results.key.span());
@@ -391,7 +486,14 @@ impl System {
             model_name: model_raw.name.unwrap_or_else(|| "model".into()),
             celery: raw.celery,
             apalis: raw.apalis,
-            model_timeout: Duration::from_millis(raw.timeouts.map_or(30_000, |t| t.model_ms)),
+            model_timeout: Duration::from_millis(
+                raw.timeouts.as_ref().map_or(30_000, |t| t.model_ms),
+            ),
+            recovery: raw
+                .timeouts
+                .as_ref()
+                .and_then(|t| t.recovery_ms.as_ref())
+                .map(|ms| Duration::from_millis(*ms.get_ref())),
             keys,
             rollout,
             cache,
@@ -489,7 +591,9 @@ impl System {
                 );
             }
         }
-        check_placeholders(&self.start.command, START_PLACEHOLDERS)
+        let start_allowed = self.allowed(START_PLACEHOLDERS);
+        let submit_allowed = self.allowed(SUBMIT_PLACEHOLDERS);
+        check_placeholders(&self.start.command, &start_allowed)
             .and_then(|()| check_unquoted(&self.start.command))
             .or_else(|bad| fail("start.command", bad))?;
         let cache_field = if self.cache.is_some() {
@@ -529,7 +633,7 @@ impl System {
             }
         }
         for (name, value) in &self.start.env {
-            check_placeholders(value, START_PLACEHOLDERS).or_else(|bad| {
+            check_placeholders(value, &start_allowed).or_else(|bad| {
                 fail(
                     &format!("start.env.{name}"),
                     format!("[start.env] {name}: {bad}"),
@@ -551,13 +655,24 @@ impl System {
             }
             Submit::Command(command) => {
                 for command in std::iter::once(command).chain(&self.resubmit) {
-                    check_placeholders(command, SUBMIT_PLACEHOLDERS)
+                    check_placeholders(command, &submit_allowed)
                         .and_then(|()| check_unquoted(command))
                         .or_else(|bad| fail("submit", bad))?;
                 }
             }
         }
         rollout::validate(self)?;
+        if self.recovery.is_some_and(|bound| bound > MAX_RECOVERY) {
+            return fail(
+                "timeouts.recovery_ms",
+                format!(
+                    "`recovery_ms` is above {} ms: every case that loses a job waits for it; \
+                     shorten your system's own interval for the run (an environment variable in \
+                     [start.env])",
+                    MAX_RECOVERY.as_millis()
+                ),
+            );
+        }
         match self.framework {
             Framework::Celery => {
                 let celery = self.celery()?;
@@ -808,6 +923,7 @@ impl SystemBuilder {
                 celery: None,
                 apalis: None,
                 model_timeout: Duration::from_secs(30),
+                recovery: None,
                 keys: KeyLayout::default(),
                 rollout: rollout::Rollout::default(),
                 cache: None,
@@ -1026,7 +1142,13 @@ mod raw {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     pub(super) struct Timeouts {
+        #[serde(default = "model_ms")]
         pub model_ms: u64,
+        pub recovery_ms: Option<Spanned<u64>>,
+    }
+
+    fn model_ms() -> u64 {
+        30_000
     }
 }
 
@@ -1106,6 +1228,54 @@ mod tests {
         let err = System::parse(&text, path).unwrap_err().to_string();
         assert!(err.contains("sys.toml:20:10"), "{err}");
         assert!(err.contains("not a plain SQL identifier"), "{err}");
+    }
+
+    #[test]
+    fn the_files_settings_are_placeholders_and_one_of_a_missing_table_is_unknown() {
+        let path = Path::new("sys.toml");
+        let results = "[results]\ntable = \"t\"\nkey = \"k\"\nstatus = \"s\"\nterminal = [\"A\"]\noutput = \"o\"";
+        let text = celery_file(results).replace(
+            "command = \"run {worker_id}\"\n",
+            "command = \"run {worker_id} --vt {visibility_timeout_s}\"\n[start.env]\nMODEL_TIMEOUT_S = \"{model_timeout_s}\"\n",
+        ) + "[timeouts]\nmodel_ms = 7500\n";
+        let system = System::parse(&text, path).unwrap();
+        let values = system.settings_values();
+        assert!(
+            values.contains(&("visibility_timeout_s", "5".into())),
+            "{values:?}"
+        );
+        assert!(
+            values.contains(&("model_timeout_s", "7.5".into())),
+            "{values:?}"
+        );
+        let text = text.replace("{visibility_timeout_s}", "{heartbeat_s}");
+        let err = System::parse(&text, path).unwrap_err().to_string();
+        assert!(err.contains("unknown placeholder {heartbeat_s}"), "{err}");
+        assert!(err.contains("{visibility_timeout_s}"), "{err}");
+    }
+
+    #[test]
+    fn the_recovery_bound_is_the_longer_of_the_presets_and_the_files_and_is_capped() {
+        let path = Path::new("sys.toml");
+        let results = "[results]\ntable = \"t\"\nkey = \"k\"\nstatus = \"s\"\nterminal = [\"A\"]\noutput = \"o\"";
+        let system = System::parse(&celery_file(results), path).unwrap();
+        let (bound, source) = system.recovery_bound();
+        assert_eq!(bound, Duration::from_secs(5));
+        assert!(source.contains("visibility_timeout_s = 5"), "{source}");
+        let text = format!("{}[timeouts]\nrecovery_ms = 45000\n", celery_file(results));
+        let system = System::parse(&text, path).unwrap();
+        assert_eq!(system.model_timeout, Duration::from_secs(30));
+        assert_eq!(
+            system.recovery_bound(),
+            (
+                Duration::from_secs(45),
+                "[timeouts] recovery_ms = 45000".into()
+            )
+        );
+        let text = format!("{}[timeouts]\nrecovery_ms = 900000\n", celery_file(results));
+        let err = System::parse(&text, path).unwrap_err().to_string();
+        assert!(err.contains("sys.toml:20:15"), "{err}");
+        assert!(err.contains("above 300000 ms"), "{err}");
     }
 
     #[test]

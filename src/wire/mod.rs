@@ -135,6 +135,12 @@ pub struct RedisCommand {
     /// The arguments after the name, each truncated ([`text`] rules: UTF-8 or `0x` hex), at most
     /// the first [`MAX_ARGS`].
     pub args: Vec<String>,
+    /// A push onto a queue or stream (`LPUSH`, `RPUSH`, `XADD`, ...): the values after the key,
+    /// kept up to 8 KiB each, so the framework's id of a message a client enqueued can be read
+    /// back. Apart from `args`: what a round trip names (and so whether it acts on a request)
+    /// stays what its first bytes show.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pushed: Vec<String>,
     /// How many arguments the command really had.
     pub argc: usize,
     /// The keys the command touches, from racecert's command table ([`command_keys`]); empty for

@@ -67,22 +67,51 @@ pub(crate) enum AggKind {
     Push,
 }
 
-fn head(bytes: &[u8]) -> Vec<u8> {
-    bytes[..bytes.len().min(MAX_VALUE)].to_vec()
+/// How much of a frame the summary keeps: the first `items` elements of an aggregate, the
+/// first `value` bytes of a blob. A request keeps more of its values than a reply
+/// ([`REQUEST_KEEP`]): a message a client pushes onto a queue is read back whole.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Keep {
+    pub(crate) items: usize,
+    pub(crate) value: usize,
+}
+
+/// What a reply's summary keeps.
+pub(crate) const REPLY_KEEP: Keep = Keep {
+    items: MAX_ITEMS,
+    value: MAX_VALUE,
+};
+
+/// What a request's summary keeps: a queue message (a Celery envelope is about 1.5 KB) fits
+/// whole in [`MESSAGE_VALUE`] bytes, so the framework's id of what a client enqueued can be read
+/// from the wire ([`RedisCommand::pushed`]); in `args` every value is still cut at [`MAX_VALUE`].
+const REQUEST_KEEP: Keep = Keep {
+    items: REQUEST_ITEMS,
+    value: MESSAGE_VALUE,
+};
+
+/// Bytes of a pushed message's value kept ([`REQUEST_KEEP`]).
+pub(crate) const MESSAGE_VALUE: usize = 8 * 1024;
+
+/// The commands whose values are messages onto a queue or stream (kept to [`MESSAGE_VALUE`]).
+const PUSHES: [&str; 5] = ["LPUSH", "RPUSH", "LPUSHX", "RPUSHX", "XADD"];
+
+fn head(bytes: &[u8], keep: usize) -> Vec<u8> {
+    bytes[..bytes.len().min(keep)].to_vec()
 }
 
 fn double(value: f64) -> String {
     format!("{value}")
 }
 
-fn from_resp2(buf: &[u8], frame: &R2, max_items: usize) -> Value {
+fn from_resp2(buf: &[u8], frame: &R2, keep: Keep) -> Value {
     match frame {
-        R2::SimpleString((a, b)) => Value::Simple(head(&buf[*a..*b])),
-        R2::Error((a, b)) => Value::Error(head(&buf[*a..*b])),
+        R2::SimpleString((a, b)) => Value::Simple(head(&buf[*a..*b], keep.value)),
+        R2::Error((a, b)) => Value::Error(head(&buf[*a..*b], keep.value)),
         R2::Integer(i) => Value::Int(*i),
         R2::BulkString((a, b)) => Value::Bulk {
             len: b - a,
-            head: head(&buf[*a..*b]),
+            head: head(&buf[*a..*b], keep.value),
             error: false,
         },
         R2::Array(items) => Value::Agg {
@@ -90,15 +119,15 @@ fn from_resp2(buf: &[u8], frame: &R2, max_items: usize) -> Value {
             len: items.len(),
             items: items
                 .iter()
-                .take(max_items)
-                .map(|f| from_resp2(buf, f, max_items))
+                .take(keep.items)
+                .map(|f| from_resp2(buf, f, keep))
                 .collect(),
         },
         R2::Null => Value::Null,
     }
 }
 
-fn from_resp3(buf: &[u8], frame: &R3, max_items: usize) -> Value {
+fn from_resp3(buf: &[u8], frame: &R3, keep: Keep) -> Value {
     let agg = |kind, items: Vec<&R3>| Value::Agg {
         kind,
         len: if kind == AggKind::Map {
@@ -109,30 +138,30 @@ fn from_resp3(buf: &[u8], frame: &R3, max_items: usize) -> Value {
         items: items
             .into_iter()
             .take(if kind == AggKind::Map {
-                max_items * 2
+                keep.items * 2
             } else {
-                max_items
+                keep.items
             })
-            .map(|f| from_resp3(buf, f, max_items))
+            .map(|f| from_resp3(buf, f, keep))
             .collect(),
     };
     let blob = |(a, b): &(usize, usize), error| Value::Bulk {
         len: b - a,
-        head: head(&buf[*a..*b]),
+        head: head(&buf[*a..*b], keep.value),
         error,
     };
     match frame {
         R3::BlobString { data, .. } | R3::ChunkedString(data) => blob(data, false),
         R3::VerbatimString { data, .. } => blob(data, false),
         R3::BlobError { data, .. } => blob(data, true),
-        R3::SimpleString { data: (a, b), .. } => Value::Simple(head(&buf[*a..*b])),
-        R3::SimpleError { data: (a, b), .. } => Value::Error(head(&buf[*a..*b])),
+        R3::SimpleString { data: (a, b), .. } => Value::Simple(head(&buf[*a..*b], keep.value)),
+        R3::SimpleError { data: (a, b), .. } => Value::Error(head(&buf[*a..*b], keep.value)),
         R3::Boolean { data, .. } => Value::Bool(*data),
         R3::Null => Value::Null,
         R3::Number { data, .. } => Value::Int(*data),
         R3::Double { data, .. } => Value::Double(double(*data)),
         R3::BigNumber { data: (a, b), .. } => {
-            Value::BigNumber(String::from_utf8_lossy(&head(&buf[*a..*b])).into_owned())
+            Value::BigNumber(String::from_utf8_lossy(&head(&buf[*a..*b], keep.value)).into_owned())
         }
         R3::Array { data, .. } => agg(AggKind::Array, data.iter().collect()),
         R3::Push { data, .. } => agg(AggKind::Push, data.iter().collect()),
@@ -167,17 +196,17 @@ fn aggregate_headers(buf: &[u8], limit: usize) -> usize {
 fn decode_crate(
     buf: &[u8],
     resp3_mode: bool,
-    max_items: usize,
+    keep: Keep,
 ) -> Result<Option<(Value, usize)>, String> {
     if resp3_mode {
         match resp3::decode_range(buf) {
-            Ok(Some((frame, n))) => Ok(Some((from_resp3(buf, &frame, max_items), n))),
+            Ok(Some((frame, n))) => Ok(Some((from_resp3(buf, &frame, keep), n))),
             Ok(None) => Ok(None),
             Err(err) => Err(format!("RESP3: {err:?}")),
         }
     } else {
         match resp2::decode_range(buf) {
-            Ok(Some((frame, n))) => Ok(Some((from_resp2(buf, &frame, max_items), n))),
+            Ok(Some((frame, n))) => Ok(Some((from_resp2(buf, &frame, keep), n))),
             Ok(None) => Ok(None),
             Err(err) => Err(format!("RESP2: {err:?}")),
         }
@@ -189,7 +218,7 @@ fn decode_crate(
 #[derive(Debug)]
 pub(crate) struct Walker {
     resp3: bool,
-    max_items: usize,
+    keep: Keep,
     stack: Vec<Open>,
     step: Step,
     line: Vec<u8>,
@@ -229,10 +258,10 @@ fn parse_len(rest: &[u8]) -> Result<i64, String> {
 }
 
 impl Walker {
-    pub(crate) fn new(resp3: bool, max_items: usize) -> Walker {
+    pub(crate) fn new(resp3: bool, keep: Keep) -> Walker {
         Walker {
             resp3,
-            max_items,
+            keep,
             stack: Vec::new(),
             step: Step::Line,
             line: Vec::new(),
@@ -284,7 +313,7 @@ impl Walker {
                     for (k, b) in data[i..i + take].iter().enumerate() {
                         let pos = *at + k;
                         if pos < *len {
-                            if head.len() < MAX_VALUE + 4 {
+                            if head.len() < self.keep.value + 4 {
                                 head.push(*b);
                             }
                         } else if (pos == *len && *b != b'\r') || (pos == *len + 1 && *b != b'\n') {
@@ -307,7 +336,7 @@ impl Walker {
                             b'!' => (len, true),
                             _ => (len, false),
                         };
-                        head.truncate(MAX_VALUE);
+                        head.truncate(self.keep.value);
                         if let Some(done) = self.complete(Value::Bulk { len, head, error })? {
                             return Ok((i, Some(done)));
                         }
@@ -326,8 +355,8 @@ impl Walker {
         let line_text = || String::from_utf8_lossy(&rest[..rest.len().min(MAX_VALUE)]).into_owned();
         let r3 = self.resp3;
         Ok(Some(match kind {
-            b'+' => Value::Simple(head(rest)),
-            b'-' => Value::Error(head(rest)),
+            b'+' => Value::Simple(head(rest, MAX_VALUE)),
+            b'-' => Value::Error(head(rest, MAX_VALUE)),
             b':' => Value::Int(parse_len(rest)?),
             b'_' if r3 && rest.is_empty() => Value::Null,
             b'#' if r3 => match rest {
@@ -408,9 +437,9 @@ impl Walker {
                 return Ok(Some(value));
             };
             let keep = if top.kind == AggKind::Map {
-                self.max_items * 2
+                self.keep.items * 2
             } else {
-                self.max_items
+                self.keep.items
             };
             if top.items.len() < keep {
                 top.items.push(value);
@@ -563,20 +592,34 @@ fn command(parts: &[(usize, &[u8])], queued: bool, truncated: bool) -> RedisComm
         .map(|(_, h)| String::from_utf8_lossy(h).to_ascii_uppercase())
         .unwrap_or_default();
     let args: Vec<&[u8]> = parts.iter().skip(1).map(|(_, h)| *h).collect();
-    let show = |(len, h): &(usize, &[u8])| {
-        let mut s = text(h, MAX_VALUE);
+    let show_up_to = |(len, h): &(usize, &[u8]), limit: usize| {
+        let mut s = text(h, limit);
         if *len > h.len() && !s.ends_with('…') {
             s.push('…');
         }
         s
     };
+    let show = |part: &(usize, &[u8])| show_up_to(part, MAX_VALUE);
     let keys = command_keys(&name, &args)
         .into_iter()
         .map(|i| show(&parts[i + 1]))
         .collect();
+    let args = parts.iter().skip(1).take(MAX_ARGS).map(show).collect();
+    // A push's values are messages, kept whole up to MESSAGE_VALUE (its key is the first).
+    let pushed = if PUSHES.contains(&name.as_str()) {
+        parts
+            .iter()
+            .skip(2)
+            .take(MAX_ARGS)
+            .map(|part| show_up_to(part, MESSAGE_VALUE))
+            .collect()
+    } else {
+        Vec::new()
+    };
     RedisCommand {
         name,
-        args: parts.iter().skip(1).take(MAX_ARGS).map(show).collect(),
+        args,
+        pushed,
         argc: parts.len().saturating_sub(1),
         keys,
         queued,
@@ -678,17 +721,13 @@ fn confirmation_count(value: &Value) -> Option<i64> {
 }
 
 /// Next frame of one side: `Ok(None)` when more bytes are needed.
-fn next_frame(
-    side: &mut Side,
-    resp3_mode: bool,
-    max_items: usize,
-) -> Result<Option<Value>, String> {
+fn next_frame(side: &mut Side, resp3_mode: bool, keep: Keep) -> Result<Option<Value>, String> {
     if side.buf.is_empty() {
         return Ok(None);
     }
     let nested = aggregate_headers(&side.buf, NESTING_GUARD) >= NESTING_GUARD;
     if !nested {
-        if let Some((value, n)) = decode_crate(&side.buf, resp3_mode, max_items)? {
+        if let Some((value, n)) = decode_crate(&side.buf, resp3_mode, keep)? {
             side.buf.drain(..n);
             return Ok(Some(value));
         }
@@ -696,7 +735,7 @@ fn next_frame(
             return Ok(None);
         }
     }
-    let mut walker = Walker::new(resp3_mode, max_items);
+    let mut walker = Walker::new(resp3_mode, keep);
     let buf = std::mem::take(&mut side.buf);
     let (n, done) = walker.feed(&buf)?;
     match done {
@@ -828,7 +867,7 @@ impl RedisFramer {
             }
             let before = self.client.buf.len();
             if self.client.buf[0] == b'*' {
-                let next = next_frame(&mut self.client, false, REQUEST_ITEMS);
+                let next = next_frame(&mut self.client, false, REQUEST_KEEP);
                 consumed += before - self.client.buf.len();
                 match next {
                     Err(err) => return Self::fail(ev, err),
@@ -858,7 +897,7 @@ impl RedisFramer {
                 };
                 let parts: Vec<(usize, &[u8])> = args
                     .iter()
-                    .map(|a| (a.len(), &a[..a.len().min(MAX_VALUE)]))
+                    .map(|a| (a.len(), &a[..a.len().min(MESSAGE_VALUE)]))
                     .collect();
                 self.command_done(&parts, ev, false);
             }
@@ -990,7 +1029,7 @@ impl RedisFramer {
 /// The crate's decoding of one whole frame, as the framer summarises it.
 #[cfg(test)]
 pub(crate) fn decode_for_tests(buf: &[u8], resp3: bool) -> Option<Value> {
-    decode_crate(buf, resp3, MAX_ITEMS)
+    decode_crate(buf, resp3, REPLY_KEEP)
         .ok()
         .flatten()
         .map(|(v, _)| v)
@@ -1039,7 +1078,7 @@ impl Framer for RedisFramer {
                 Some(Expect::Hello(version)) => *version == 3,
                 _ => self.resp3,
             };
-            match next_frame(&mut self.server, resp3_mode, MAX_ITEMS) {
+            match next_frame(&mut self.server, resp3_mode, REPLY_KEEP) {
                 Err(err) => return Self::fail(ev, err),
                 Ok(None) => return,
                 Ok(Some(value)) => self.server_value(value, ev),

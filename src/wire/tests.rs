@@ -121,6 +121,38 @@ fn redis_reply(trip: &RoundTrip) -> &RedisReply {
 
 // ---------------------------------------------------------------- Redis
 
+/// A message pushed onto a queue is kept whole (up to 8 KiB) beside the arguments, so the
+/// framework's id of what a client enqueued can be read back from the wire; a SET keeps none.
+#[test]
+fn redis_a_pushed_message_is_kept_whole_and_other_values_are_cut() {
+    let message = format!(
+        "{{\"headers\": {{\"id\": \"t-1\"}}, \"body\": \"{}\"}}",
+        "x".repeat(2000)
+    );
+    let mut write = resp(&[b"LPUSH", b"celery", message.as_bytes()]);
+    write.extend(resp(&[b"SET", b"k", message.as_bytes()]));
+    let trips = run_split_everywhere(
+        Protocol::Redis,
+        &[(Client, write), (Server, b":1\r\n+OK\r\n".to_vec())],
+    );
+    assert_eq!(trips.len(), 2);
+    let push = cmd(&trips[0].request);
+    assert_eq!(push.pushed, [message.as_str()]);
+    // What the push names stays what its first bytes show, as for every other command.
+    assert!(
+        push.args[1].len() < 300 && push.args[1].ends_with('…'),
+        "{}",
+        push.args[1]
+    );
+    let set = cmd(&trips[1].request);
+    assert!(set.pushed.is_empty());
+    assert!(
+        set.args[1].len() < 300 && set.args[1].ends_with('…'),
+        "{}",
+        set.args[1]
+    );
+}
+
 #[test]
 fn redis_pipeline_is_one_round_trip_per_command() {
     let mut write = resp(&[b"SET", b"t:lock:1", b"tok", b"NX", b"PX", b"3000"]);
@@ -1030,7 +1062,7 @@ mod fuzz {
             let wire = encode(&value, resp3);
             let from_crate = super::super::redis::decode_for_tests(&wire, resp3)
                 .expect("valid RESP decodes");
-            let mut walker = Walker::new(resp3, MAX_ITEMS);
+            let mut walker = Walker::new(resp3, super::redis::REPLY_KEEP);
             let cut = cut % (wire.len() + 1);
             let (n1, first) = walker.feed(&wire[..cut]).expect("walks");
             let walked = match first {

@@ -987,7 +987,8 @@ async fn celery_fenced_but_acked_loses_a_job_when_its_pool_child_is_killed(
 /// after an INSERT of the row as a team's API does before enqueueing. The case's input has spaces
 /// (`... hello world N`), which racecert quotes for the shell, so both get it as one argument;
 /// the fenced task ends the request with one final write; the INSERT came through the
-/// submitter's own links, so it is the submitter's, not a worker's.
+/// submitter's own links, so it is the submitter's, not a worker's. The restore faults, which
+/// need the delivery's tag, land: racecert reads it from the message the command pushed.
 async fn celery_submitted_by_the_teams_own_command_with_spaces_in_the_input(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
@@ -1002,13 +1003,32 @@ async fn celery_submitted_by_the_teams_own_command_with_spaces_in_the_input(
         "the [submit] table was replaced"
     );
     let system = System::parse(&text, &path)?;
-    let outcome = run_system(bed, &system, &settings(&[FaultKind::KillMain])).await?;
+    let faults = [
+        FaultKind::KillMain,
+        FaultKind::ForcedRestore,
+        FaultKind::PrefetchRestore,
+    ];
+    let outcome = run_system(bed, &system, &settings(&faults)).await?;
     let text = summary(&outcome);
     let case = outcome.cases.first();
     anyhow::ensure!(
-        outcome.passed() && case.is_some_and(|c| c.final_writes == 1),
-        "the request submitted by the command ends with one final write:\n{text}"
+        outcome.held() && outcome.cases.iter().all(|c| c.final_writes == 1),
+        "each request submitted by the command ends with one final write:\n{text}"
     );
+    // The command's LPUSH crossed racecert's proxy: the delivery tag the restores need was read
+    // from the wire, so both land as they do with the preset's own message.
+    for case in &outcome.cases[1..] {
+        anyhow::ensure!(
+            case.landed
+                && case
+                    .diagram
+                    .iter()
+                    .any(|a| a.label.contains("the submitter pushed message")),
+            "case {} ({}) landed with the tag read from the submitter's push:\n{text}",
+            case.number,
+            case.fault
+        );
+    }
     let inserts: Vec<Option<&str>> = case
         .into_iter()
         .flat_map(|c| &c.writes)

@@ -4,25 +4,22 @@
 
 use super::fleet::{configure, open_links};
 use super::judge::judge;
-use super::{Arrow, Fleet, SystemCase, Wire, now_ms};
+use super::settle::{drain, idle_fleet, prepare_fleet, stop_outside_transactions};
+use super::{Arrow, Fleet, SystemCase, now_ms};
 use crate::env::TestBed;
 use crate::env::backends::{Behaviour, ModelBackend, ProgramGuard, release_all};
 use crate::env::procs;
 use crate::fault::{Effect, Fault, FaultKind, Plane};
 use crate::history::Observation;
-use crate::system::preset::{
-    APALIS_INSERT, CELERY_PREFETCH_ENV, celery_keys, celery_message, fault_prefetch,
-};
-use crate::system::{Framework, Submit, System, fill};
-use crate::wire::{Holder, Reply, TxStatus};
+use crate::system::preset::{CELERY_PREFETCH_ENV, celery_keys};
+use crate::system::{Framework, Submit, System};
+use crate::wire::Holder;
 use crate::{Error, Result};
 use futures::future::BoxFuture;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use rand::RngExt;
 use rand::rngs::StdRng;
 use sqlx::PgConnection;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -57,13 +54,8 @@ impl Holder for Blackhole {
     }
 }
 
-/// How long an idle worker stopped between cases (to reshape the fleet) has to exit after its
-/// SIGTERM before SIGKILL: nothing is in flight, and a worker that ignores its stop signal (the
-/// drain bug) would otherwise cost every reshaping case this wait.
-const HOUSEKEEPING_STOP: Duration = Duration::from_secs(3);
-
 /// How long a submit command may run.
-const SUBMIT_BOUND: Duration = Duration::from_secs(60);
+pub(super) const SUBMIT_BOUND: Duration = Duration::from_secs(60);
 
 /// What a case works with.
 pub(super) struct CaseCtx<'a, 'f> {
@@ -260,92 +252,6 @@ impl CaseCtx<'_, '_> {
         Ok(())
     }
 
-    /// Submits one request the way the framework's clients do; the Celery preset returns the
-    /// delivery tag it wrote.
-    pub(super) async fn submit(&mut self, request_id: &str, input: &str) -> Result<Option<String>> {
-        let system = self.system;
-        let venv = self.venv.clone();
-        let venv = venv.as_str();
-        let values = [("request_id", request_id), ("input", input), ("venv", venv)];
-        let mut delivery_tag = None;
-        self.observations.push((
-            now_ms(),
-            Observation::Submitted {
-                key: request_id.to_owned(),
-            },
-        ));
-        match &system.submit {
-            Submit::Preset { task, args, queue } => {
-                let args: BTreeMap<String, String> = args
-                    .iter()
-                    .map(|(k, v)| (k.clone(), fill(v, &values)))
-                    .collect();
-                match system.framework {
-                    Framework::Celery => {
-                        let rng = &mut self.rng;
-                        let message =
-                            celery_message(task, queue, &args, &mut || rng.random::<u128>());
-                        let _: i64 = redis::cmd("LPUSH")
-                            .arg(queue)
-                            .arg(&message.envelope)
-                            .query_async(self.rd)
-                            .await?;
-                        self.note(
-                            "racecert",
-                            "redis",
-                            format!(
-                                "LPUSH {queue} {task}[{}] tag {}",
-                                message.task_id, message.delivery_tag
-                            ),
-                            "message",
-                        );
-                        delivery_tag = Some(message.delivery_tag);
-                    }
-                    Framework::Apalis => {
-                        let job = serde_json::to_string(&args)
-                            .map_err(|e| Error::other(e.to_string()))?;
-                        let id: String = sqlx::query_scalar(APALIS_INSERT)
-                        .bind(task)
-                        .bind(&job)
-                        .fetch_one(&mut *self.pg)
-                        .await
-                        .map_err(|err| {
-                            Error::Config(format!(
-                                "{}: enqueueing an apalis job failed (are apalis' tables created by the worker?): {err}",
-                                system.place("submit")
-                            ))
-                        })?;
-                        self.note(
-                            "racecert",
-                            "db",
-                            format!("INSERT apalis.jobs {task} id {id}"),
-                            "message",
-                        );
-                    }
-                    Framework::Custom => unreachable!("validated: custom has no preset"),
-                }
-            }
-            Submit::Command(command) => {
-                let command = self
-                    .team_command(
-                        command,
-                        &[("request_id", request_id), ("input", input)],
-                        "submit",
-                        "submit command",
-                        SUBMIT_BOUND,
-                    )
-                    .await?;
-                self.note(
-                    "racecert",
-                    "racecert",
-                    format!("submitted with `{command}`"),
-                    "message",
-                );
-            }
-        }
-        Ok(delivery_tag)
-    }
-
     /// Ages the delivery in kombu's unacked index so the next sweep restores it.
     pub(super) async fn age_delivery(&mut self, tag: &str) -> Result<bool> {
         let changed: i64 = redis::cmd("ZADD")
@@ -479,6 +385,7 @@ pub(super) async fn run_case(
     ctx.aim.request = Some((request_id.clone(), input.clone()));
     ctx.aim.call_started = Some(call_started);
     let began = now_ms();
+    let applied = Instant::now();
     let effect = crate::fault::apply(
         &Fault::Framework {
             kind: fault,
@@ -497,263 +404,11 @@ pub(super) async fn run_case(
     // The first attempt's model call may still be running: wait it out, then drain.
     let done_by = call_started + slow + Duration::from_millis(500);
     release_all(slow_guards).await;
-    drain(ctx, done_by, vt.max(orphan)).await?;
+    // The system's own recovery (a requeue after a heartbeat timeout) may end the request
+    // later than the preset's bounds: liveness waits for whichever is longer.
+    let recovery = vt.max(orphan).max(system.recovery_bound().0);
+    drain(ctx, done_by, applied + recovery, recovery).await?;
     judge(ctx, number, fault, request_id, &input).await
-}
-
-/// Starts a case on idle workers: a model call an earlier case left open on racecert's links
-/// (held by its backends, or a worker still waiting for one) is waited out for a bound, then its
-/// worker is restarted, so no case is judged on what an earlier one left behind.
-async fn idle_fleet(ctx: &mut CaseCtx<'_, '_>) -> Result<()> {
-    const BOUND: Duration = Duration::from_secs(10);
-    let waited = Instant::now();
-    while !ctx.held_calls().is_empty() && waited.elapsed() < BOUND {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    for index in 0..ctx.fleet.workers.len() {
-        let links = &ctx.fleet.workers[index].links;
-        if links.in_flight(&links.backend_links()).is_empty() {
-            continue;
-        }
-        let id = ctx.fleet.workers[index].id.clone();
-        ctx.fleet.stop(index, Duration::from_secs(2)).await;
-        ctx.fleet.start(index).await?;
-        ctx.note(
-            &id,
-            &id,
-            format!(
-                "restarted before the case: still in an earlier case's model call after {} ms",
-                waited.elapsed().as_millis()
-            ),
-            "message",
-        );
-    }
-    Ok(())
-}
-
-/// Stops worker `index` (SIGSTOP) while it holds no PostgreSQL transaction open, as its recorded
-/// round trips say; returns how the stop landed, for the diagram.
-///
-/// Why: a framework may persist a task's state in a transaction of its own next to the task's
-/// start (apalis' lock event: `UPDATE apalis.jobs ... SET status = 'Running'` inside
-/// BEGIN/COMMIT, sent while the handler already runs). Stopped between the UPDATE and the COMMIT,
-/// the worker holds the job's row for the whole pause, and the other workers' requeue
-/// (`FOR UPDATE ... SKIP LOCKED`) passes the job over: the fault then tests nothing. On a loaded
-/// machine that window is wide enough to hit. A stop that lands inside a transaction (a reply
-/// recorded after the signal says so) is undone and tried again once it closed; bounded, after
-/// which the worker stays stopped and the diagram says where.
-async fn stop_outside_transactions(ctx: &mut CaseCtx<'_, '_>, index: usize) -> String {
-    const BOUND: Duration = Duration::from_secs(5);
-    // Replies already on their way are recorded within this, once the worker is stopped.
-    const SETTLE: Duration = Duration::from_millis(30);
-    let worker = ctx.fleet.workers[index].id.clone();
-    let started = Instant::now();
-    let mut waited = Duration::ZERO;
-    let mut retries = 0;
-    loop {
-        let waiting = Instant::now();
-        while in_transaction(&ctx.fleet.wire, &worker) && started.elapsed() < BOUND {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        waited += waiting.elapsed();
-        ctx.fleet.workers[index].signal_group(Signal::SIGSTOP);
-        tokio::time::sleep(SETTLE).await;
-        let inside = in_transaction(&ctx.fleet.wire, &worker);
-        if !inside && retries == 0 && waited < Duration::from_millis(5) {
-            return "outside any transaction of its own".to_owned();
-        }
-        if !inside {
-            return format!(
-                "outside any transaction of its own (waited {} ms for one to close, {retries} stop(s) undone)",
-                waited.as_millis()
-            );
-        }
-        if started.elapsed() >= BOUND {
-            return format!(
-                "inside a transaction it kept open for {} ms",
-                started.elapsed().as_millis()
-            );
-        }
-        ctx.fleet.workers[index].signal_group(Signal::SIGCONT);
-        retries += 1;
-    }
-}
-
-/// Whether `worker` holds a PostgreSQL transaction open: the last reply recorded on one of its
-/// connections reported a transaction block (ReadyForQuery `T` or `E`).
-pub(super) fn in_transaction(wire: &Wire, worker: &str) -> bool {
-    let mut last: BTreeMap<u64, (u64, bool)> = BTreeMap::new();
-    for (_, event) in wire.lock().expect("poisoned").iter() {
-        if event.worker != worker || event.service != "postgres" {
-            continue;
-        }
-        let open = match &event.trip.reply {
-            Some(Reply::Postgres(reply)) => {
-                matches!(reply.tx, Some(TxStatus::Transaction | TxStatus::Failed))
-            }
-            // The connection ended before a reply: its transaction ended with it.
-            _ => false,
-        };
-        let entry = last
-            .entry(event.trip.conn)
-            .or_insert((event.trip.seq, open));
-        if event.trip.seq >= entry.0 {
-            *entry = (event.trip.seq, open);
-        }
-    }
-    last.values().any(|(_, open)| *open)
-}
-
-/// Puts the fleet in the shape case's fault needs. `prefetch-restore` runs the first worker with a
-/// prefetch multiplier > 1 ([`CELERY_PREFETCH_ENV`]) and stops the others until the fault, so the
-/// request waits in that worker's prefetch; `drain` runs the first worker alone; every other case
-/// runs every worker as the file says.
-/// A worker is restarted only when its variables change or it is not running.
-async fn prepare_fleet(ctx: &mut CaseCtx<'_, '_>, fault: FaultKind) -> Result<()> {
-    let prefetch = fault == FaultKind::PrefetchRestore;
-    // A rollout replaces the only worker running, the old version's: a drain's next job has no
-    // other worker to go to until the replacement starts, and a cutover's request is the old
-    // version's until the switch.
-    let solo = prefetch
-        || matches!(
-            fault,
-            FaultKind::Drain
-                | FaultKind::Cutover
-                | FaultKind::CacheInvalidationLag
-                | FaultKind::BackendSwitch
-        );
-    // Every case begins on the first version: the active key says so.
-    if let Some((first, _)) = ctx.system.versions.first() {
-        ctx.set_active(&first.clone()).await?;
-    }
-    let multiplier = fault_prefetch(
-        ctx.system
-            .celery
-            .as_ref()
-            .map_or(1, |c| c.prefetch_multiplier),
-    );
-    // Stops first: a stopped worker takes nothing of the case.
-    let mut order: Vec<usize> = (0..ctx.fleet.workers.len()).collect();
-    order.rotate_left(1);
-    for index in order {
-        let want_env = if prefetch && index == 0 {
-            vec![(CELERY_PREFETCH_ENV.to_owned(), multiplier.to_string())]
-        } else {
-            Vec::new()
-        };
-        let want_running = !solo || index == 0;
-        let running = !ctx.fleet.exited(index);
-        let changed = ctx.fleet.workers[index].extra_env != want_env;
-        let id = ctx.fleet.workers[index].id.clone();
-        if running && (changed || !want_running) {
-            ctx.fleet.stop(index, HOUSEKEEPING_STOP).await;
-            if !want_running {
-                // A worker killed in a blocking pop (Celery's `BRPOP ... 1`) leaves that pop at
-                // Redis until its connection's end gets there through the proxy; a message pushed
-                // meanwhile goes to the dead worker and is lost. Its connections are cut at the
-                // proxy before the case submits anything.
-                let redis = &ctx.fleet.workers[index].links.redis;
-                redis.reset_connections(Duration::ZERO).await?;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                ctx.note(&id, &id, "stopped for this case", "message");
-            }
-        }
-        ctx.fleet.workers[index].extra_env = want_env;
-        if want_running && (!running || changed) {
-            ctx.fleet.start(index).await?;
-            ctx.note(
-                &id,
-                &id,
-                if prefetch {
-                    format!("started with {CELERY_PREFETCH_ENV}={multiplier}")
-                } else {
-                    "started as the file describes it".to_owned()
-                },
-                "message",
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Waits until the request's row is final and nothing of the case is left in flight, or until
-/// nothing can happen any more (the job is lost), bounded.
-async fn drain(
-    ctx: &mut CaseCtx<'_, '_>,
-    first_call_done: Instant,
-    redelivery: Duration,
-) -> Result<()> {
-    let request = format!("{}-req", ctx.prefix);
-    // Room for a call that arrived as the drain began to be answered by its hold.
-    let bound = Instant::now() + redelivery * 2 + Duration::from_secs(15) + ctx.aim.slow;
-    let mut quiet_since: Option<(Instant, i64, usize)> = None;
-    loop {
-        let writes: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM racecert_audit WHERE request_key = $1")
-                .bind(&request)
-                .fetch_one(&mut *ctx.pg)
-                .await?;
-        let calls: usize = ctx.calls().await?.iter().map(|(_, n)| n).sum();
-        let in_flight = match ctx.system.framework {
-            Framework::Celery => {
-                let queued: i64 = redis::cmd("LLEN")
-                    .arg(queue_of(ctx.system))
-                    .query_async(ctx.rd)
-                    .await?;
-                let unacked: i64 = redis::cmd("HLEN")
-                    .arg(celery_keys::UNACKED)
-                    .query_async(ctx.rd)
-                    .await?;
-                queued + unacked
-            }
-            Framework::Apalis => sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM apalis.jobs WHERE status IN ('Pending', 'Queued', 'Running')",
-            )
-            .fetch_one(&mut *ctx.pg)
-            .await
-            .unwrap_or(0),
-            Framework::Custom => 0,
-        };
-        // A model call racecert's backends still hold (a retry that arrived before the fault let
-        // later calls answer at once) is work in flight whatever the framework: the request may
-        // end once it is answered.
-        let held = ctx.held_calls();
-        let in_flight = in_flight + held.len() as i64;
-        let now = Instant::now();
-        if now >= first_call_done && in_flight == 0 {
-            // Quiet: no new write and no new model call for a while.
-            match quiet_since {
-                Some((since, w, c)) if w == writes && c == calls => {
-                    if now - since >= Duration::from_millis(1500) {
-                        return Ok(());
-                    }
-                }
-                _ => quiet_since = Some((now, writes, calls)),
-            }
-        } else {
-            quiet_since = None;
-        }
-        if now >= bound || crate::interrupt::requested().is_some() {
-            if !held.is_empty() {
-                let why = format!(
-                    "racecert's backends still held {} model call(s) (of {}) when the drain's bound ran out",
-                    held.len(),
-                    held.join(", ")
-                );
-                ctx.note("racecert", "racecert", why.clone(), "fault");
-                ctx.liveness_blind = Some(why);
-            }
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn queue_of(system: &System) -> String {
-    match &system.submit {
-        Submit::Preset { queue, .. } => queue.clone(),
-        Submit::Command(_) => "celery".into(),
-    }
 }
 
 impl CaseCtx<'_, '_> {

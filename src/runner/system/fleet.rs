@@ -362,7 +362,8 @@ pub(super) fn configure(
 ) {
     let redis_url = with_path(worker.links.redis_url(), &redis_db.to_string());
     let database_url = with_path(worker.links.database_url(), database);
-    let values = [
+    let settings = system.settings_values();
+    let mut values = vec![
         ("worker_id", worker.id.as_str()),
         ("model_version", worker.version.as_str()),
         ("redis_url", redis_url.as_str()),
@@ -370,6 +371,7 @@ pub(super) fn configure(
         ("model_url", worker.model_url.as_str()),
         ("venv", venv),
     ];
+    values.extend(settings.iter().map(|(name, value)| (*name, value.as_str())));
     worker.env = system
         .start
         .env

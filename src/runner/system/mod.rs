@@ -31,6 +31,8 @@ mod case;
 mod fleet;
 mod judge;
 mod rollout;
+mod settle;
+mod submit;
 #[cfg(test)]
 mod tests;
 
@@ -62,7 +64,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::process::Command;
 
 /// The lane and the writer name of a `[submit] command`'s writes.
-pub const SUBMITTER: &str = "submitter";
+pub use crate::history::SUBMITTER;
 
 /// The default budget per fault kind in scope: a system case lasts 5-20 s (a model call held
 /// past the worker's own timeout, the longest, about 18 s in the examples), 10-12 s on average.
@@ -275,6 +277,10 @@ pub struct SystemOutcome {
     /// The fault kinds the run applies (its scope: each must land for a PASS).
     #[serde(default)]
     pub kinds: Vec<FaultKind>,
+    /// What a case's liveness verdicts waited for besides the held calls: the system's
+    /// recovery bound and where it comes from.
+    #[serde(default)]
+    pub recovery: String,
 }
 
 /// One line a worker printed.
@@ -642,6 +648,10 @@ async fn run_with_backends(
         outputs,
         log,
         kinds: scope_kinds(faults),
+        recovery: {
+            let (bound, source) = system.recovery_bound();
+            format!("{} ms, {source}", bound.as_millis())
+        },
     })
 }
 

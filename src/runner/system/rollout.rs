@@ -245,6 +245,8 @@ impl CaseCtx<'_, '_> {
             ("model_version", submitter.version.as_str()),
         ];
         all.extend_from_slice(values);
+        let settings = self.system.settings_values();
+        all.extend(settings.iter().map(|(name, value)| (*name, value.as_str())));
         let command = fill_shell(template, &all);
         let run = Command::new("sh")
             .arg("-c")

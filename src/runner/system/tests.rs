@@ -1,7 +1,7 @@
 //! Unit tests of the system runner's pieces that need no test bed.
 
-use super::case::in_transaction;
 use super::fleet::{simple_command, with_path};
+use super::settle::in_transaction;
 use super::*;
 use crate::system::Framework;
 use crate::wire::{PgRequest, Reply, Request, TxStatus};

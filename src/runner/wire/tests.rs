@@ -43,6 +43,7 @@ fn polls_that_got_nothing_and_setup_are_uncounted() {
             keys: vec![],
             queued: false,
             truncated: false,
+            pushed: Vec::new(),
         }),
         reply: Some(Reply::Redis(reply)),
     };
@@ -79,6 +80,7 @@ fn set(key: &str) -> Request {
         keys: vec![key.into()],
         queued: false,
         truncated: false,
+        pushed: Vec::new(),
     })
 }
 

@@ -1,0 +1,162 @@
+//! How a case's request enters the team's system: the framework's own message written by
+//! racecert (a preset), or the team's submit command run with the submitter's links, and the
+//! message that command pushed read back from the wire (the framework's id for the request, the
+//! delivery tag a restore fault ages).
+
+use super::case::{CaseCtx, SUBMIT_BOUND};
+use super::{SUBMITTER, now_ms};
+use crate::history::Observation;
+use crate::system::preset::{APALIS_INSERT, celery_message};
+use crate::system::{Framework, Submit, fill};
+use crate::{Error, Result};
+use rand::RngExt;
+use std::collections::BTreeMap;
+
+impl CaseCtx<'_, '_> {
+    /// Submits one request the way the framework's clients do; the Celery preset returns the
+    /// delivery tag it wrote.
+    pub(super) async fn submit(&mut self, request_id: &str, input: &str) -> Result<Option<String>> {
+        let system = self.system;
+        let venv = self.venv.clone();
+        let venv = venv.as_str();
+        let values = [("request_id", request_id), ("input", input), ("venv", venv)];
+        let mut delivery_tag = None;
+        self.observations.push((
+            now_ms(),
+            Observation::Submitted {
+                key: request_id.to_owned(),
+            },
+        ));
+        match &system.submit {
+            Submit::Preset { task, args, queue } => {
+                let args: BTreeMap<String, String> = args
+                    .iter()
+                    .map(|(k, v)| (k.clone(), fill(v, &values)))
+                    .collect();
+                match system.framework {
+                    Framework::Celery => {
+                        let rng = &mut self.rng;
+                        let message =
+                            celery_message(task, queue, &args, &mut || rng.random::<u128>());
+                        let _: i64 = redis::cmd("LPUSH")
+                            .arg(queue)
+                            .arg(&message.envelope)
+                            .query_async(self.rd)
+                            .await?;
+                        self.note(
+                            "racecert",
+                            "redis",
+                            format!(
+                                "LPUSH {queue} {task}[{}] tag {}",
+                                message.task_id, message.delivery_tag
+                            ),
+                            "message",
+                        );
+                        self.observations.push((
+                            now_ms(),
+                            Observation::Enqueued {
+                                key: request_id.to_owned(),
+                                job_id: message.task_id.clone(),
+                            },
+                        ));
+                        delivery_tag = Some(message.delivery_tag);
+                    }
+                    Framework::Apalis => {
+                        let job = serde_json::to_string(&args)
+                            .map_err(|e| Error::other(e.to_string()))?;
+                        let id: String = sqlx::query_scalar(APALIS_INSERT)
+                        .bind(task)
+                        .bind(&job)
+                        .fetch_one(&mut *self.pg)
+                        .await
+                        .map_err(|err| {
+                            Error::Config(format!(
+                                "{}: enqueueing an apalis job failed (are apalis' tables created by the worker?): {err}",
+                                system.place("submit")
+                            ))
+                        })?;
+                        self.note(
+                            "racecert",
+                            "db",
+                            format!("INSERT apalis.jobs {task} id {id}"),
+                            "message",
+                        );
+                    }
+                    Framework::Custom => unreachable!("validated: custom has no preset"),
+                }
+            }
+            Submit::Command(command) => {
+                let since = now_ms();
+                let command = self
+                    .team_command(
+                        command,
+                        &[("request_id", request_id), ("input", input)],
+                        "submit",
+                        "submit command",
+                        SUBMIT_BOUND,
+                    )
+                    .await?;
+                self.note(
+                    "racecert",
+                    "racecert",
+                    format!("submitted with `{command}`"),
+                    "message",
+                );
+                if let Some(pushed) = self.pushed_by_submitter(since, request_id, input) {
+                    self.note(
+                        SUBMITTER,
+                        "redis",
+                        format!(
+                            "the submitter pushed message {}{} (read from the wire)",
+                            pushed.job_id,
+                            pushed
+                                .delivery_tag
+                                .as_ref()
+                                .map(|tag| format!(", delivery tag {tag}"))
+                                .unwrap_or_default()
+                        ),
+                        "message",
+                    );
+                    self.observations.push((
+                        now_ms(),
+                        Observation::Enqueued {
+                            key: request_id.to_owned(),
+                            job_id: pushed.job_id,
+                        },
+                    ));
+                    delivery_tag = pushed.delivery_tag;
+                }
+            }
+        }
+        Ok(delivery_tag)
+    }
+
+    /// The message the submit command pushed for the request, read from its Redis link: the
+    /// last push since `since` (Unix ms) whose message carries the request's id or input. A team
+    /// API that enqueues through racecert's proxies thereby tells racecert its framework's id
+    /// for the request (and, on Celery's transport, the delivery tag a restore fault ages).
+    fn pushed_by_submitter(
+        &self,
+        since: i64,
+        request_id: &str,
+        input: &str,
+    ) -> Option<crate::system::preset::Enqueued> {
+        let wire = self.fleet.wire.lock().expect("poisoned");
+        wire.iter()
+            .rev()
+            .filter(|(at, event)| {
+                *at >= since && event.worker == SUBMITTER && event.service == "redis"
+            })
+            .filter_map(|(_, event)| match &event.trip.request {
+                crate::wire::Request::Redis(command) => Some(
+                    command
+                        .pushed
+                        .iter()
+                        .filter_map(|value| crate::system::preset::read_enqueued(value)),
+                ),
+                _ => None,
+            })
+            .flatten()
+            .find(|pushed| pushed.carries.contains(request_id) || pushed.carries.contains(input))
+    }
+}
