@@ -28,7 +28,7 @@
 //! - [`reference`](mod@reference): the seed's pipeline done right (submit, queue, worker,
 //!   cutover), one implementation of the contract, with a switch per root cause.
 //! - [`system`]: system descriptions (TOML file or Rust builder) of workers racecert did not
-//!   write, and the framework presets (Celery, apalis): which fault kinds each has.
+//!   write, and the framework presets (Celery, apalis, Dramatiq): which fault kinds each has.
 //! - [`schedule`]: the one schedule type ([`schedule::Schedule`], generic over a runner's steps),
 //!   the one search ([`schedule::search`]: proptest generation, corpus mutation, depth-bounded
 //!   enumeration, PCT), the aimed schedules every search starts with ([`schedule::aimed`]: one

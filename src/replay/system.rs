@@ -57,7 +57,7 @@ pub fn faults_for(
         (Framework::Celery, LeaseTtlTooShort) if keys.lease.is_some() => {
             Ok((vec![VisibilityOutlived, ForcedRestore], LEASE))
         }
-        (Framework::Apalis, LeaseTtlTooShort) if keys.lease.is_some() => {
+        (Framework::Apalis | Framework::Dramatiq, LeaseTtlTooShort) if keys.lease.is_some() => {
             Ok((vec![HeartbeatMiss], LEASE))
         }
         // A redelivery while the first attempt runs: the message outlived the visibility timeout
@@ -87,18 +87,25 @@ pub fn faults_for(
         // waits for the visibility timeout.
         (Framework::Celery, LostJob) => Ok((vec![KillPoolChild, KillMain], LOST)),
         (Framework::Celery, AckBeforeFinalWrite) => Ok((vec![KillPoolChild], LOST)),
-        // apalis redelivers when a worker misses its heartbeats.
+        // apalis and Dramatiq redeliver when a worker misses its heartbeats; Dramatiq's Retries
+        // middleware also runs the message again after the attempt's own timeout.
+        (Framework::Dramatiq, RetryWhileRunning) => {
+            Ok((vec![HeartbeatMiss, UpstreamTimeout], DUPLICATE))
+        }
         (
-            Framework::Apalis,
+            Framework::Apalis | Framework::Dramatiq,
             VisibilityTimeoutTooShort
             | MultipleWorkers
             | RetryWhileRunning
             | LateWrite
             | MultipleFinalWrites,
         ) => Ok((vec![HeartbeatMiss], DUPLICATE)),
-        (Framework::Apalis, VersionSkew) => Ok((vec![HeartbeatMiss], SKEW)),
-        (Framework::Apalis | Framework::Custom, LostJob | AckBeforeFinalWrite) => {
-            Ok((vec![KillMain], LOST))
+        (Framework::Apalis | Framework::Dramatiq, VersionSkew) => Ok((vec![HeartbeatMiss], SKEW)),
+        (Framework::Apalis, LostJob | AckBeforeFinalWrite) => Ok((vec![KillMain], LOST)),
+        // The crash of the process that holds the job (a forked child, a worker process), and of
+        // the whole worker.
+        (Framework::Dramatiq | Framework::Custom, LostJob | AckBeforeFinalWrite) => {
+            Ok((vec![KillHolder, KillMain], LOST))
         }
         // A custom system has no redelivery racecert can force; the second attempt these causes
         // need comes from the request submitted again while the first attempt runs.
@@ -474,7 +481,12 @@ mod tests {
 
     #[test]
     fn every_cause_has_a_fault_of_its_framework_or_a_reason() {
-        for framework in [Framework::Celery, Framework::Apalis, Framework::Custom] {
+        for framework in [
+            Framework::Celery,
+            Framework::Apalis,
+            Framework::Dramatiq,
+            Framework::Custom,
+        ] {
             for cause in Cause::ALL {
                 for keys in [KeyLayout::default(), KeyLayout::contract("")] {
                     match faults_for(cause, framework, &keys) {

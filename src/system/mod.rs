@@ -5,7 +5,7 @@
 //!
 //! The framework presets ([`preset`]) know what their framework really does: the message Celery's
 //! Redis transport writes and the keys of its unacked index; the row apalis' Postgres storage
-//! reads. [`rollout`] reads how the team rolls a version out (`[rollout]`) and where its cache
+//! reads; the message and keys of Dramatiq's Redis broker. [`rollout`] reads how the team rolls a version out (`[rollout]`) and where its cache
 //! lives (`[cache]`). The runner that drives a system's processes with faults is
 //! `runner::system`.
 
@@ -30,6 +30,8 @@ pub enum Framework {
     Celery,
     /// apalis 1.0 with the Postgres backend.
     Apalis,
+    /// Dramatiq 2 with the Redis broker.
+    Dramatiq,
     /// No preset: submit with a command, process and network faults only.
     Custom,
 }
@@ -40,6 +42,7 @@ impl Framework {
         match self {
             Framework::Celery => "celery",
             Framework::Apalis => "apalis",
+            Framework::Dramatiq => "dramatiq",
             Framework::Custom => "custom",
         }
     }
@@ -67,11 +70,12 @@ pub struct Start {
 pub enum Submit {
     /// The framework preset writes the framework's own message.
     Preset {
-        /// Celery task name, or apalis job type.
+        /// Celery task name, apalis job type, or Dramatiq actor name.
         task: String,
-        /// Keyword arguments (Celery) or the job's JSON fields (apalis), with placeholders.
+        /// Keyword arguments (Celery, Dramatiq) or the job's JSON fields (apalis), with
+        /// placeholders.
         args: BTreeMap<String, String>,
-        /// Celery queue (default `celery`).
+        /// The queue (default: Celery's `celery`, Dramatiq's `default`).
         queue: String,
     },
     /// A command run once per request, with placeholders.
@@ -137,6 +141,49 @@ fn postgres() -> String {
     "postgres".into()
 }
 
+/// Dramatiq preset options: what the app passes to `RedisBroker(...)`, which racecert cannot
+/// read from a process. A dead worker's messages come back only in a maintenance pass (a
+/// `maintenance_chance` in a million of the broker's commands) after `heartbeat_timeout`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DramatiqOptions {
+    /// `RedisBroker(namespace=...)`: the prefix of every key.
+    #[serde(default = "dramatiq_namespace")]
+    pub namespace: String,
+    /// `RedisBroker(heartbeat_timeout=...)`, milliseconds (Dramatiq's default 60000).
+    pub heartbeat_timeout_ms: u64,
+    /// `RedisBroker(maintenance_chance=...)`, in a million commands (Dramatiq's default 1000).
+    pub maintenance_chance: u32,
+}
+
+fn dramatiq_namespace() -> String {
+    "dramatiq".into()
+}
+
+impl DramatiqOptions {
+    /// Dramatiq's `MAINTENANCE_SCALE`: a chance is out of this many commands.
+    pub const MAINTENANCE_SCALE: u32 = 1_000_000;
+
+    /// How long after a worker's last heartbeat its messages are back on the queue, with 99%
+    /// confidence: the heartbeat timeout, then enough of the live workers' commands on the queue
+    /// for a maintenance pass to run among them. An idle Dramatiq consumer fetches at least
+    /// once a second (its `worker_timeout`, 1000 ms by default), so one live worker gives about
+    /// one command a second; a second is added for a loaded machine.
+    pub fn recovery(&self) -> Duration {
+        let chance = f64::from(self.maintenance_chance.min(Self::MAINTENANCE_SCALE))
+            / f64::from(Self::MAINTENANCE_SCALE);
+        let commands = if chance >= 1.0 {
+            1.0
+        } else if chance <= 0.0 {
+            f64::INFINITY
+        } else {
+            (0.01f64.ln() / (1.0 - chance).ln()).ceil()
+        };
+        Duration::from_millis(self.heartbeat_timeout_ms)
+            + Duration::try_from_secs_f64(commands + 1.0).unwrap_or(Duration::MAX)
+    }
+}
+
 /// A place in a system file, for errors: `path:line:col`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Place(pub String);
@@ -172,6 +219,8 @@ pub struct System {
     pub celery: Option<CeleryOptions>,
     /// apalis options (framework = apalis).
     pub apalis: Option<ApalisOptions>,
+    /// Dramatiq options (framework = dramatiq).
+    pub dramatiq: Option<DramatiqOptions>,
     /// How long the worker waits for the model (its own setting).
     pub model_timeout: Duration,
     /// How long the system takes to give back a job a crash left (`[timeouts] recovery_ms`: a
@@ -250,6 +299,17 @@ impl System {
             values.push(("heartbeat_s", apalis.heartbeat_s.to_string()));
             values.push(("missed_heartbeats", apalis.missed_heartbeats.to_string()));
         }
+        if let Some(dramatiq) = &self.dramatiq {
+            values.push(("namespace", dramatiq.namespace.clone()));
+            values.push((
+                "heartbeat_timeout_ms",
+                dramatiq.heartbeat_timeout_ms.to_string(),
+            ));
+            values.push((
+                "maintenance_chance",
+                dramatiq.maintenance_chance.to_string(),
+            ));
+        }
         values
     }
 
@@ -264,15 +324,23 @@ impl System {
     /// the broker's redelivery, a heartbeat timeout, a maintenance pass), and where that bound
     /// comes from. Liveness is judged only after it (and after every held model call ended).
     pub fn recovery_bound(&self) -> (Duration, String) {
-        let preset = match (self.framework, &self.celery, &self.apalis) {
-            (Framework::Celery, Some(celery), _) => Some((
+        let preset = match (self.framework, &self.celery, &self.apalis, &self.dramatiq) {
+            (Framework::Dramatiq, _, _, Some(dramatiq)) => Some((
+                dramatiq.recovery(),
+                format!(
+                    "Dramatiq's requeue of a dead worker's messages ([dramatiq] heartbeat_timeout_ms = {}, \
+                     then a maintenance pass at maintenance_chance = {} in a million commands, 99%)",
+                    dramatiq.heartbeat_timeout_ms, dramatiq.maintenance_chance
+                ),
+            )),
+            (Framework::Celery, Some(celery), _, _) => Some((
                 Duration::from_secs_f64(celery.visibility_timeout_s),
                 format!(
                     "Celery's visibility timeout ([celery] visibility_timeout_s = {})",
                     celery.visibility_timeout_s
                 ),
             )),
-            (Framework::Apalis, _, Some(apalis)) => Some((
+            (Framework::Apalis, _, Some(apalis), _) => Some((
                 Duration::from_secs_f64(apalis.heartbeat_s * f64::from(apalis.missed_heartbeats)),
                 format!(
                     "apalis' orphan bound ([apalis] heartbeat_s = {} x missed_heartbeats = {})",
@@ -406,7 +474,13 @@ impl System {
             (Some(task), None) => Submit::Preset {
                 task,
                 args: submit.args,
-                queue: submit.queue.unwrap_or_else(|| "celery".into()),
+                // Each framework's default queue: Celery's `celery`, Dramatiq's `default`.
+                queue: submit
+                    .queue
+                    .unwrap_or_else(|| match *raw.framework.get_ref() {
+                        Framework::Dramatiq => "default".into(),
+                        _ => "celery".into(),
+                    }),
             },
             (None, Some(command)) => Submit::Command(command),
             _ => {
@@ -486,6 +560,7 @@ impl System {
             model_name: model_raw.name.unwrap_or_else(|| "model".into()),
             celery: raw.celery,
             apalis: raw.apalis,
+            dramatiq: raw.dramatiq,
             model_timeout: Duration::from_millis(
                 raw.timeouts.as_ref().map_or(30_000, |t| t.model_ms),
             ),
@@ -537,6 +612,16 @@ impl System {
         self.apalis.as_ref().ok_or_else(|| {
             Error::Config(format!(
                 "{}: framework = \"apalis\" needs an [apalis] table (queue, heartbeat_s, missed_heartbeats)",
+                self.place("framework")
+            ))
+        })
+    }
+
+    /// The Dramatiq options, or an error saying they are missing.
+    pub fn dramatiq(&self) -> Result<&DramatiqOptions> {
+        self.dramatiq.as_ref().ok_or_else(|| {
+            Error::Config(format!(
+                "{}: framework = \"dramatiq\" needs a [dramatiq] table (heartbeat_timeout_ms, maintenance_chance)",
                 self.place("framework")
             ))
         })
@@ -698,6 +783,37 @@ impl System {
                     return fail(
                         "framework",
                         "[apalis] heartbeat_s and missed_heartbeats must be positive".into(),
+                    );
+                }
+            }
+            Framework::Dramatiq => {
+                let dramatiq = self.dramatiq()?;
+                if dramatiq.heartbeat_timeout_ms == 0
+                    || dramatiq.maintenance_chance == 0
+                    || dramatiq.maintenance_chance > DramatiqOptions::MAINTENANCE_SCALE
+                {
+                    return fail(
+                        "framework",
+                        "[dramatiq] heartbeat_timeout_ms must be positive and maintenance_chance \
+                         between 1 and 1000000 (Dramatiq's MAINTENANCE_SCALE)"
+                            .into(),
+                    );
+                }
+                if dramatiq.recovery() > MAX_RECOVERY {
+                    return fail(
+                        "framework",
+                        format!(
+                            "[dramatiq] a dead worker's messages come back only after about {:.0} s \
+                             (heartbeat_timeout_ms = {}, then a maintenance pass at maintenance_chance \
+                             = {} in a million commands), above the {} s a case waits: give the \
+                             broker a shorter heartbeat_timeout and a higher maintenance_chance for \
+                             the run (RedisBroker(heartbeat_timeout=..., maintenance_chance=...), from \
+                             {{heartbeat_timeout_ms}} and {{maintenance_chance}} in [start.env])",
+                            dramatiq.recovery().as_secs_f64(),
+                            dramatiq.heartbeat_timeout_ms,
+                            dramatiq.maintenance_chance,
+                            MAX_RECOVERY.as_secs()
+                        ),
                     );
                 }
             }
@@ -922,6 +1038,7 @@ impl SystemBuilder {
                 model_name: "model".into(),
                 celery: None,
                 apalis: None,
+                dramatiq: None,
                 model_timeout: Duration::from_secs(30),
                 recovery: None,
                 keys: KeyLayout::default(),
@@ -1020,6 +1137,12 @@ impl SystemBuilder {
         self
     }
 
+    /// Dramatiq preset options.
+    pub fn dramatiq(mut self, options: DramatiqOptions) -> Self {
+        self.system.dramatiq = Some(options);
+        self
+    }
+
     /// The worker's own model timeout.
     pub fn model_timeout(mut self, timeout: Duration) -> Self {
         self.system.model_timeout = timeout;
@@ -1054,7 +1177,7 @@ impl SystemBuilder {
 
 /// The file as written (serde), before checks.
 mod raw {
-    use super::{ApalisOptions, CeleryOptions, Framework};
+    use super::{ApalisOptions, CeleryOptions, DramatiqOptions, Framework};
     use serde::Deserialize;
     use std::collections::BTreeMap;
     use toml::Spanned;
@@ -1073,6 +1196,7 @@ mod raw {
         pub keys: Option<Keys>,
         pub celery: Option<CeleryOptions>,
         pub apalis: Option<ApalisOptions>,
+        pub dramatiq: Option<DramatiqOptions>,
         pub timeouts: Option<Timeouts>,
         pub rollout: Option<super::rollout::raw::Rollout>,
         pub cache: Option<super::rollout::raw::Cache>,
@@ -1161,6 +1285,52 @@ mod tests {
     }
 
     #[test]
+    fn dramatiq_recovery_is_its_heartbeat_then_a_maintenance_pass() {
+        let path = example("examples/dramatiq-worker/safe.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let system = System::parse(&text, &path).unwrap();
+        let options = system.dramatiq().unwrap();
+        // Every command runs maintenance: the heartbeat timeout, one command, a second's margin.
+        assert_eq!(options.recovery(), Duration::from_secs(6));
+        let (bound, named) = system.recovery_bound();
+        assert_eq!(bound, Duration::from_secs(6));
+        assert!(named.contains("heartbeat_timeout_ms = 4000"), "{named}");
+        assert_eq!(
+            system
+                .settings_values()
+                .iter()
+                .find(|(n, _)| *n == "maintenance_chance"),
+            Some(&("maintenance_chance", "1000000".to_owned()))
+        );
+        // A message's queue defaults to Dramatiq's own.
+        let Submit::Preset { queue, .. } = &system.submit else {
+            panic!("a preset submission");
+        };
+        assert_eq!(queue, "default");
+        // Dramatiq's defaults: a 0.1% chance a command does maintenance, so a dead worker's
+        // message waits for thousands of commands: refused, at the framework's line.
+        let defaults = text.replace("maintenance_chance = 1000000", "maintenance_chance = 1000");
+        let err = System::parse(&defaults, &path).unwrap_err().to_string();
+        assert!(
+            err.contains("safe.toml:6:") && err.contains("higher maintenance_chance"),
+            "{err}"
+        );
+        let missing = text.replace("[dramatiq]", "[unused]");
+        let err = System::parse(&missing, &path).unwrap_err().to_string();
+        assert!(err.contains("unused"), "{err}");
+        let none: String = text
+            .lines()
+            .take_while(|line| *line != "[dramatiq]")
+            .map(|line| format!("{line}\n"))
+            .collect::<String>()
+            .replace("DRAMATIQ_NAMESPACE = \"{namespace}\"", "")
+            .replace("HEARTBEAT_TIMEOUT_MS = \"{heartbeat_timeout_ms}\"", "")
+            .replace("MAINTENANCE_CHANCE = \"{maintenance_chance}\"", "");
+        let err = System::parse(&none, &path).unwrap_err().to_string();
+        assert!(err.contains("needs a [dramatiq] table"), "{err}");
+    }
+
+    #[test]
     fn the_shipped_examples_load() {
         for file in [
             "examples/celery-worker/naive.toml",
@@ -1168,6 +1338,9 @@ mod tests {
             "examples/celery-worker/locked.toml",
             "examples/apalis-worker/naive.toml",
             "examples/apalis-worker/fenced.toml",
+            "examples/dramatiq-worker/naive.toml",
+            "examples/dramatiq-worker/safe.toml",
+            "examples/dramatiq-worker/lost.toml",
         ] {
             let system = System::load(&example(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
             assert_eq!(system.versions.len(), 2, "{file}");

@@ -1,7 +1,7 @@
 //! What each framework really does, as data racecert writes and reads: Celery's message on its
 //! Redis transport and the keys of kombu's unacked index; the row apalis' Postgres storage
-//! fetches; and the audit trigger racecert installs on a team's result table. Facts checked
-//! against the installed versions are in docs/systems.md, sections 4 and 5.
+//! fetches; the message Dramatiq's Redis broker enqueues; and the audit trigger racecert installs on a team's result table. Facts checked
+//! against the installed versions are in docs/systems.md, sections 4, 5 and 5a.
 
 use super::{Framework, Results};
 use crate::contract::fencing::Fencing;
@@ -34,6 +34,17 @@ pub fn faults(framework: Framework) -> Vec<FaultKind> {
             PrefetchRestore,
         ],
         Framework::Apalis => vec![HeartbeatMiss, HeartbeatMiss, KillMain],
+        // A worker process killed mid-message (its main process then stops the rest: the
+        // message waits for a maintenance pass), a worker paused past its heartbeat timeout (a
+        // live message requeued), the whole process group killed, and a warm shutdown (Dramatiq
+        // waits for running messages, requeues prefetched ones).
+        Framework::Dramatiq => vec![
+            KillHolder,
+            HeartbeatMiss,
+            HeartbeatMiss,
+            KillMain,
+            WarmShutdown,
+        ],
         Framework::Custom => vec![KillHolder, KillHolder, KillMain],
     };
     own.extend([ApiResubmission, UpstreamTimeout, Partition, Drain, Cutover]);
@@ -174,6 +185,54 @@ pub fn celery_message(
         delivery_tag,
         envelope: envelope.to_string(),
     }
+}
+
+/// One Dramatiq message as `actor.send_with_options(kwargs=...)` enqueues it on the Redis
+/// broker: the message `HSET` into `{namespace}:{queue}.msgs` under its `redis_message_id`, that
+/// id `RPUSH`ed onto `{namespace}:{queue}` (what `dispatch.lua`'s `enqueue` does).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DramatiqMessage {
+    /// `message_id`: the id Dramatiq keeps across retries (a retry is a new Redis message).
+    pub message_id: String,
+    /// `options.redis_message_id`: this enqueue's member of the queue and its acks set.
+    pub redis_message_id: String,
+    /// The message, JSON (Dramatiq's `JSONEncoder`).
+    pub data: String,
+}
+
+/// The message running `actor(**kwargs)` on `queue`, with ids drawn from `ids` (seeded by the
+/// caller) and `timestamp_ms` as its `message_timestamp`.
+pub fn dramatiq_message(
+    actor: &str,
+    queue: &str,
+    kwargs: &BTreeMap<String, String>,
+    timestamp_ms: i64,
+    ids: &mut impl FnMut() -> u128,
+) -> DramatiqMessage {
+    let message_id = uuid4(ids());
+    let redis_message_id = uuid4(ids());
+    let data = json!({
+        "queue_name": queue,
+        "actor_name": actor,
+        "args": [],
+        "kwargs": kwargs,
+        "options": {"redis_message_id": redis_message_id},
+        "message_id": message_id,
+        "message_timestamp": timestamp_ms,
+    });
+    DramatiqMessage {
+        message_id,
+        redis_message_id,
+        data: data.to_string(),
+    }
+}
+
+/// Dramatiq's Redis keys of `queue` under `namespace`: its list of message ids, and the hash of
+/// their messages (a message stays there from its enqueue to its ack).
+pub fn dramatiq_keys(namespace: &str, queue: &str) -> (String, String) {
+    let list = format!("{namespace}:{queue}");
+    let messages = format!("{list}.msgs");
+    (list, messages)
 }
 
 /// Whether a message popped from a queue or held in `unacked` was restored (kombu sets
@@ -329,6 +388,41 @@ mod tests {
         assert_eq!((read.job_id.as_str(), read.delivery_tag), ("5e1c", None));
         assert!(read_enqueued("5e1c-plain-id").is_none());
         assert!(read_enqueued(r#"{"no":"id"}"#).is_none());
+    }
+
+    #[test]
+    fn dramatiq_message_is_what_the_broker_enqueues() {
+        let mut n = 0u128;
+        let kwargs = BTreeMap::from([("request_id".to_owned(), "req-3".to_owned())]);
+        let message = dramatiq_message(
+            "infer_safe",
+            "default",
+            &kwargs,
+            1_700_000_000_000,
+            &mut || {
+                n += 1;
+                n
+            },
+        );
+        let value: Value = serde_json::from_str(&message.data).unwrap();
+        assert_eq!(value["actor_name"], "infer_safe");
+        assert_eq!(value["queue_name"], "default");
+        assert_eq!(value["kwargs"]["request_id"], "req-3");
+        assert_eq!(
+            value["options"]["redis_message_id"],
+            message.redis_message_id
+        );
+        assert_ne!(message.message_id, message.redis_message_id);
+        // Read back from the wire as any pushed message: Dramatiq's stable id, not this enqueue's.
+        let read = read_enqueued(&message.data).unwrap();
+        assert_eq!(read.job_id, message.message_id);
+        assert_eq!(
+            dramatiq_keys("dramatiq", "default"),
+            (
+                "dramatiq:default".to_owned(),
+                "dramatiq:default.msgs".to_owned()
+            )
+        );
     }
 
     #[test]

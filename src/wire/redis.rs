@@ -93,8 +93,12 @@ const REQUEST_KEEP: Keep = Keep {
 /// Bytes of a pushed message's value kept ([`REQUEST_KEEP`]).
 pub(crate) const MESSAGE_VALUE: usize = 8 * 1024;
 
-/// The commands whose values are messages onto a queue or stream (kept to [`MESSAGE_VALUE`]).
-const PUSHES: [&str; 5] = ["LPUSH", "RPUSH", "LPUSHX", "RPUSHX", "XADD"];
+/// The commands whose values may be messages onto a queue or stream (kept to
+/// [`MESSAGE_VALUE`]): the pushes, the hash writes a broker keeps its messages in (Dramatiq's
+/// `{queue}.msgs`, RQ's job hash) and the scripts that enqueue (Dramatiq's `dispatch.lua`).
+const PUSHES: [&str; 10] = [
+    "LPUSH", "RPUSH", "LPUSHX", "RPUSHX", "XADD", "HSET", "HMSET", "HSETNX", "EVALSHA", "EVAL",
+];
 
 fn head(bytes: &[u8], keep: usize) -> Vec<u8> {
     bytes[..bytes.len().min(keep)].to_vec()

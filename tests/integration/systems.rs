@@ -29,6 +29,8 @@ crate::tests!(
     celery_a_stale_cache_incident_log_replays_on_the_team_system,
     celery_a_backend_switch_under_a_running_worker_is_caught_where_the_row_keeps_its_own_version,
     rq_a_crash_kills_the_work_horse_that_holds_the_job_on_a_framework_without_a_preset,
+    dramatiq_a_worker_paused_past_its_heartbeat_writes_twice_and_the_safe_actor_passes,
+    dramatiq_a_timed_out_actor_without_retries_loses_its_job_and_one_retrying_at_once_passes,
 );
 
 fn example(file: &str) -> PathBuf {
@@ -1140,5 +1142,82 @@ async fn rq_a_crash_kills_the_work_horse_that_holds_the_job_on_a_framework_witho
         .filter(|line| line.contains("bin/rq worker inference"))
         .collect();
     anyhow::ensure!(left.is_empty(), "RQ processes left behind: {left:?}");
+    Ok(())
+}
+
+/// The Dramatiq preset on Dramatiq's own Redis broker: racecert writes Dramatiq's message, and a
+/// worker paused past its heartbeat timeout has its live message requeued by another worker's
+/// maintenance pass. The naive actor then writes twice; the safe actor's epoch refuses the
+/// paused attempt's late write, and a killed worker process's message comes back and ends once.
+async fn dramatiq_a_worker_paused_past_its_heartbeat_writes_twice_and_the_safe_actor_passes(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let naive = System::load(&example("dramatiq-worker/naive.toml"))?;
+    let outcome = run_system(bed, &naive, &settings(&[FaultKind::HeartbeatMiss])).await?;
+    let text = summary(&outcome);
+    let case = outcome.cases.first().context_or("no case ran")?;
+    anyhow::ensure!(
+        case.landed
+            && case.model_calls == 2
+            && case
+                .violations
+                .iter()
+                .any(|v| v.invariant.name() == "at-most-one-final-write"),
+        "the paused worker's message ran again elsewhere and both attempts wrote:\n{text}"
+    );
+
+    let safe = System::load(&example("dramatiq-worker/safe.toml"))?;
+    let faults = [FaultKind::HeartbeatMiss, FaultKind::KillHolder];
+    let outcome = run_system(bed, &safe, &settings(&faults)).await?;
+    let text = summary(&outcome);
+    anyhow::ensure!(
+        outcome.passed()
+            && outcome.cases.len() == 2
+            && outcome
+                .cases
+                .iter()
+                .all(|c| c.landed && c.model_calls == 2 && c.final_writes == 1),
+        "each fault ran the message twice and the epoch let one attempt write:\n{text}"
+    );
+    let holder = &outcome.cases[1];
+    anyhow::ensure!(
+        holder.effect.as_ref().is_some_and(|e| {
+            let shown = e.to_string();
+            shown.contains("dramatiq") && shown.contains("the worker restarted")
+        }),
+        "the process killed was Dramatiq's worker process, and its main process exited:\n{text}"
+    );
+    Ok(())
+}
+
+/// Dramatiq's retries and a model call that outlasts the actor's own timeout: an actor with no
+/// retries and no failure write loses the request (dead-lettered, its row RUNNING); the safe
+/// actor whose HTTP client tries again at once (the second try held too) passes, its liveness
+/// judged only once both held calls were answered.
+async fn dramatiq_a_timed_out_actor_without_retries_loses_its_job_and_one_retrying_at_once_passes(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let lost = System::load(&example("dramatiq-worker/lost.toml"))?;
+    let outcome = run_system(bed, &lost, &settings(&[FaultKind::UpstreamTimeout])).await?;
+    let text = summary(&outcome);
+    let case = outcome.cases.first().context_or("no case ran")?;
+    anyhow::ensure!(
+        case.landed
+            && case.final_writes == 0
+            && case
+                .violations
+                .iter()
+                .any(|v| v.invariant.name() == "no-lost-job"),
+        "the timed-out message was dead-lettered and its row left RUNNING:\n{text}"
+    );
+
+    let retrying = System::load(&example("dramatiq-worker/retry-at-once.toml"))?;
+    let outcome = run_system(bed, &retrying, &settings(&[FaultKind::UpstreamTimeout])).await?;
+    let text = summary(&outcome);
+    let case = outcome.cases.first().context_or("no case ran")?;
+    anyhow::ensure!(
+        outcome.passed() && case.landed && case.model_calls >= 2 && case.final_writes == 1,
+        "the try again at once was held too, and the request was judged once it ended:\n{text}"
+    );
     Ok(())
 }

@@ -108,7 +108,7 @@ pub(super) struct Aim {
     pub(super) slow_guards: Vec<ProgramGuard>,
     /// The broker's visibility timeout.
     pub(super) visibility: Duration,
-    /// apalis: heartbeat x allowed misses.
+    /// How long a worker that stopped heartbeating keeps its job (apalis, Dramatiq).
     pub(super) orphan: Duration,
     /// How long the first attempt's model call lasts.
     pub(super) slow: Duration,
@@ -288,11 +288,13 @@ pub(super) async fn run_case(
         .as_ref()
         .map(|c| Duration::from_secs_f64(c.visibility_timeout_s))
         .unwrap_or(Duration::from_secs(5));
-    let orphan = system
-        .apalis
-        .as_ref()
-        .map(|a| Duration::from_secs_f64(a.heartbeat_s * f64::from(a.missed_heartbeats)))
-        .unwrap_or(Duration::from_secs(6));
+    // How long a worker that stopped heartbeating keeps its job: apalis' missed heartbeats,
+    // Dramatiq's heartbeat timeout and the maintenance pass that requeues its messages.
+    let orphan = match (&system.apalis, &system.dramatiq) {
+        (Some(a), _) => Duration::from_secs_f64(a.heartbeat_s * f64::from(a.missed_heartbeats)),
+        (None, Some(d)) => d.recovery(),
+        (None, None) => Duration::from_secs(6),
+    };
     // How long the first attempt's model call lasts: past what the fault needs, below the
     // worker's own model timeout (a slow model it waits for) unless the fault is that timeout.
     let slow = crate::system::preset::call_hold(fault, vt, orphan, system.model_timeout);
@@ -649,8 +651,12 @@ impl Plane for CaseCtx<'_, '_> {
         release_all(std::mem::take(&mut self.aim.slow_guards)).await;
         // The worker's own process held it (a single-process worker): nothing of the worker is
         // left to recover the job, so it restarts as after `kill-main`. A child that held it
-        // leaves its parent to do what the framework does with a lost child.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // leaves its parent to do what the framework does with a lost child: carry on (RQ), or
+        // stop the rest and exit (Dramatiq's main process notices within its 1 s join).
+        let killed = Instant::now();
+        while !self.fleet.exited(worker) && killed.elapsed() < Duration::from_millis(2500) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let main_held = main.is_some_and(|m| holders.iter().any(|(pid, _)| *pid == m));
         if main_held || self.fleet.exited(worker) {
             self.fleet.kill(worker).await;

@@ -7,7 +7,7 @@ use super::Wire;
 use super::case::CaseCtx;
 use crate::Result;
 use crate::fault::FaultKind;
-use crate::system::preset::{CELERY_PREFETCH_ENV, celery_keys, fault_prefetch};
+use crate::system::preset::{CELERY_PREFETCH_ENV, celery_keys, dramatiq_keys, fault_prefetch};
 use crate::system::{Framework, Submit, System};
 use crate::wire::{Reply, TxStatus};
 use nix::sys::signal::Signal;
@@ -233,6 +233,22 @@ pub(super) async fn drain(
             .fetch_one(&mut *ctx.pg)
             .await
             .unwrap_or(0),
+            Framework::Dramatiq => {
+                // A message stays in its queue's hash from enqueue to ack; a retry waits in the
+                // delay queue's.
+                let namespace = ctx.system.dramatiq()?.namespace.clone();
+                let queue = queue_of(ctx.system);
+                let mut held = 0;
+                for queue in [queue.clone(), format!("{queue}.DQ")] {
+                    let (_, messages) = dramatiq_keys(&namespace, &queue);
+                    let n: i64 = redis::cmd("HLEN")
+                        .arg(&messages)
+                        .query_async(ctx.rd)
+                        .await?;
+                    held += n;
+                }
+                held
+            }
             Framework::Custom => 0,
         };
         // A model call racecert's backends still hold (a retry that arrived before the fault let
@@ -286,6 +302,8 @@ pub(super) async fn row_is_final(ctx: &mut CaseCtx<'_, '_>, request: &str) -> Re
 pub(super) fn queue_of(system: &System) -> String {
     match &system.submit {
         Submit::Preset { queue, .. } => queue.clone(),
+        // A submit command's queue is the framework's default one.
+        Submit::Command(_) if system.framework == Framework::Dramatiq => "default".into(),
         Submit::Command(_) => "celery".into(),
     }
 }

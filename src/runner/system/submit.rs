@@ -6,7 +6,7 @@
 use super::case::{CaseCtx, SUBMIT_BOUND};
 use super::{SUBMITTER, now_ms};
 use crate::history::Observation;
-use crate::system::preset::{APALIS_INSERT, celery_message};
+use crate::system::preset::{APALIS_INSERT, celery_message, dramatiq_keys, dramatiq_message};
 use crate::system::{Framework, Submit, fill};
 use crate::{Error, Result};
 use rand::RngExt;
@@ -43,22 +43,15 @@ impl CaseCtx<'_, '_> {
                             .arg(&message.envelope)
                             .query_async(self.rd)
                             .await?;
-                        self.note(
+                        self.enqueued(
                             "racecert",
-                            "redis",
+                            request_id,
+                            &message.task_id,
                             format!(
                                 "LPUSH {queue} {task}[{}] tag {}",
                                 message.task_id, message.delivery_tag
                             ),
-                            "message",
                         );
-                        self.observations.push((
-                            now_ms(),
-                            Observation::Enqueued {
-                                key: request_id.to_owned(),
-                                job_id: message.task_id.clone(),
-                            },
-                        ));
                         delivery_tag = Some(message.delivery_tag);
                     }
                     Framework::Apalis => {
@@ -82,6 +75,32 @@ impl CaseCtx<'_, '_> {
                             "message",
                         );
                     }
+                    Framework::Dramatiq => {
+                        let namespace = &system.dramatiq()?.namespace;
+                        let rng = &mut self.rng;
+                        let message = dramatiq_message(task, queue, &args, now_ms(), &mut || {
+                            rng.random::<u128>()
+                        });
+                        let (list, messages) = dramatiq_keys(namespace, queue);
+                        // dispatch.lua's `enqueue`, in one transaction as the script runs.
+                        let _: () = redis::pipe()
+                            .atomic()
+                            .hset(&messages, &message.redis_message_id, &message.data)
+                            .ignore()
+                            .rpush(&list, &message.redis_message_id)
+                            .ignore()
+                            .query_async(self.rd)
+                            .await?;
+                        self.enqueued(
+                            "racecert",
+                            request_id,
+                            &message.message_id,
+                            format!(
+                                "HSET {messages} + RPUSH {list}: {task}[{}]",
+                                message.message_id
+                            ),
+                        );
+                    }
                     Framework::Custom => unreachable!("validated: custom has no preset"),
                 }
             }
@@ -103,9 +122,10 @@ impl CaseCtx<'_, '_> {
                     "message",
                 );
                 if let Some(pushed) = self.pushed_by_submitter(since, request_id, input) {
-                    self.note(
+                    self.enqueued(
                         SUBMITTER,
-                        "redis",
+                        request_id,
+                        &pushed.job_id,
                         format!(
                             "the submitter pushed message {}{} (read from the wire)",
                             pushed.job_id,
@@ -115,20 +135,25 @@ impl CaseCtx<'_, '_> {
                                 .map(|tag| format!(", delivery tag {tag}"))
                                 .unwrap_or_default()
                         ),
-                        "message",
                     );
-                    self.observations.push((
-                        now_ms(),
-                        Observation::Enqueued {
-                            key: request_id.to_owned(),
-                            job_id: pushed.job_id,
-                        },
-                    ));
                     delivery_tag = pushed.delivery_tag;
                 }
             }
         }
         Ok(delivery_tag)
+    }
+
+    /// Records that `from` enqueued the request as the framework's message `job_id`: on the
+    /// diagram, and in the history that ties deliveries to requests.
+    fn enqueued(&mut self, from: &str, request_id: &str, job_id: &str, shown: String) {
+        self.note(from, "redis", shown, "message");
+        self.observations.push((
+            now_ms(),
+            Observation::Enqueued {
+                key: request_id.to_owned(),
+                job_id: job_id.to_owned(),
+            },
+        ));
     }
 
     /// The message the submit command pushed for the request, read from its Redis link: the
