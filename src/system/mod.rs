@@ -5,8 +5,8 @@
 //!
 //! The framework presets ([`preset`]) know what their framework really does: the message Celery's
 //! Redis transport writes and the keys of its unacked index; the row apalis' Postgres storage
-//! reads; the message and keys of Dramatiq's Redis broker. [`rollout`] reads how the team rolls a version out (`[rollout]`) and where its cache
-//! lives (`[cache]`). The runner that drives a system's processes with faults is
+//! reads; the message and keys of Dramatiq's Redis broker. [`rollout`] reads how the team rolls a
+//! version out (`[rollout]`) and where its cache lives (`[cache]`). The runner that drives a system's processes with faults is
 //! `runner::system`.
 
 pub mod preset;
@@ -44,6 +44,15 @@ impl Framework {
             Framework::Apalis => "apalis",
             Framework::Dramatiq => "dramatiq",
             Framework::Custom => "custom",
+        }
+    }
+
+    /// The queue its clients send to when none is named: Celery's `celery`, Dramatiq's
+    /// `default`.
+    pub fn default_queue(self) -> &'static str {
+        match self {
+            Framework::Dramatiq => "default",
+            _ => "celery",
         }
     }
 }
@@ -474,13 +483,9 @@ impl System {
             (Some(task), None) => Submit::Preset {
                 task,
                 args: submit.args,
-                // Each framework's default queue: Celery's `celery`, Dramatiq's `default`.
                 queue: submit
                     .queue
-                    .unwrap_or_else(|| match *raw.framework.get_ref() {
-                        Framework::Dramatiq => "default".into(),
-                        _ => "celery".into(),
-                    }),
+                    .unwrap_or_else(|| raw.framework.get_ref().default_queue().into()),
             },
             (None, Some(command)) => Submit::Command(command),
             _ => {

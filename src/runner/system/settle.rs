@@ -303,7 +303,6 @@ pub(super) fn queue_of(system: &System) -> String {
     match &system.submit {
         Submit::Preset { queue, .. } => queue.clone(),
         // A submit command's queue is the framework's default one.
-        Submit::Command(_) if system.framework == Framework::Dramatiq => "default".into(),
-        Submit::Command(_) => "celery".into(),
+        Submit::Command(_) => system.framework.default_queue().into(),
     }
 }
