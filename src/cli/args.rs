@@ -62,12 +62,12 @@ pub struct CertifyArgs {
     #[arg(long = "defect", value_name = "NAME")]
     pub defects: Vec<Defect>,
     /// A fixed number of cases per suite, for exact reproduction (no time budget; with
-    /// --system: cases at most, within --budget).
+    /// --system: cases at most, within --budget; without --budget, 40 s per case).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub cases: Option<u32>,
     /// Total time budget in seconds, spent across the suites (default 60; a suite file's
     /// `time_budget_s` takes its own share). With --system: seconds of cases (start-up not
-    /// counted; default 15 s per fault kind in scope, at least 120).
+    /// counted; default 15 s per fault kind in scope, at least 120, or 40 s per case of --cases).
     #[arg(long, value_name = "SECONDS", value_parser = budget_arg)]
     pub budget: Option<std::time::Duration>,
     /// Seed (overrides the suite files).

@@ -27,6 +27,11 @@ pub async fn run(args: CertifyArgs, color: bool) -> Result<ExitCode> {
         settings.stop_at_first_failure = !args.keep_going;
         if let Some(cases) = args.cases {
             settings.cases = cases;
+            // Cases asked for without a budget: the count decides (the budget only guards
+            // against a hang), so `--cases 20` runs 20 cases, not what 165 s holds.
+            if args.budget.is_none() {
+                settings.budget_per_case = Some(crate::runner::system::BUDGET_PER_CASE);
+            }
         }
         return system(&file, settings, &args.out).await;
     }

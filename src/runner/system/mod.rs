@@ -70,6 +70,10 @@ pub use crate::history::SUBMITTER;
 /// past the worker's own timeout, the longest, about 18 s in the examples), 10-12 s on average.
 const BUDGET_PER_KIND: Duration = Duration::from_secs(15);
 
+/// The budget per case when cases are asked for without a budget (`--cases N`): twice the
+/// longest case, so that N cases run unless one hangs (the budget is then a guard, not a cut).
+pub const BUDGET_PER_CASE: Duration = Duration::from_secs(40);
+
 /// Settings of a system run.
 #[derive(Debug, Clone)]
 pub struct SystemSettings {
@@ -83,6 +87,9 @@ pub struct SystemSettings {
     /// puts more kinds in scope (a rollout's invalidation step, a shared model URL) gets the time
     /// to land each of them. None: `budget` as it is (a budget the user gave).
     pub budget_per_kind: Option<Duration>,
+    /// With it, the budget is at least this much per case of `cases`: cases were asked for and
+    /// no budget was given, so the count decides, not a default budget. None: no such floor.
+    pub budget_per_case: Option<Duration>,
     /// Faults run in turn, case 1 the first (empty: drawn from the framework's own by the seed).
     pub faults: Vec<FaultKind>,
     /// Only this case number (a replay); `None`: cases 1, 2, ...
@@ -127,12 +134,14 @@ fn still_needed(goals: &[Goal], fault: FaultKind, cases: &[SystemCase]) -> bool 
 }
 
 impl SystemSettings {
-    /// The budget of a run with `kinds` fault kinds in scope.
+    /// The budget of a run with `kinds` fault kinds in scope (and `cases` cases, when they were
+    /// asked for without a budget).
     pub fn budget_for(&self, kinds: usize) -> Duration {
-        match self.budget_per_kind {
-            Some(per_kind) => self.budget.max(per_kind * kinds as u32),
-            None => self.budget,
-        }
+        let by_kinds = self.budget_per_kind.map_or(self.budget, |per_kind| {
+            self.budget.max(per_kind * kinds as u32)
+        });
+        self.budget_per_case
+            .map_or(by_kinds, |per_case| by_kinds.max(per_case * self.cases))
     }
 
     /// The faults a run of `system` with these settings draws from: those asked for, each one
@@ -186,6 +195,7 @@ impl SystemSettings {
             seed,
             budget: Duration::from_secs(120),
             budget_per_kind: Some(BUDGET_PER_KIND),
+            budget_per_case: None,
             faults: Vec::new(),
             only_case: None,
             stop_at_first_failure: true,

@@ -254,3 +254,22 @@ fn a_terminal_list_that_matches_no_written_status_is_the_files_error() {
     ];
     assert_eq!(terminal_matches_nothing(&system, &cases), None);
 }
+
+#[test]
+fn cases_asked_for_without_a_budget_get_the_time_to_run() {
+    // The Celery preset's eleven kinds: 165 s by default, whatever --cases says.
+    let mut settings = SystemSettings::certify(1);
+    assert_eq!(settings.budget_for(11), Duration::from_secs(165));
+    assert_eq!(settings.budget_for(3), Duration::from_secs(120));
+    // `--cases 20` without `--budget`: 40 s a case, so the count decides.
+    settings.budget_per_case = Some(BUDGET_PER_CASE);
+    assert_eq!(settings.budget_for(11), Duration::from_secs(800));
+    // `--cases 2`: the default by kinds is larger and stays.
+    settings.cases = 2;
+    assert_eq!(settings.budget_for(11), Duration::from_secs(165));
+    // A budget the user gave is the budget.
+    let mut given = SystemSettings::certify(1);
+    given.budget = Duration::from_secs(30);
+    given.budget_per_kind = None;
+    assert_eq!(given.budget_for(11), Duration::from_secs(30));
+}
