@@ -1,6 +1,6 @@
 """An inference worker written the way a team writes it on Celery 5 with the Redis broker.
 
-Four tasks do the same job (create the result row, call the model, store its output):
+The tasks do the same job (create the result row, call the model, store its output):
 
 - ``tasks.infer_naive`` ends with a plain ``UPDATE ... WHERE request_id = ...``: when Celery runs a
   request twice (the message outlived ``visibility_timeout`` and was restored while the first
@@ -13,6 +13,8 @@ Four tasks do the same job (create the result row, call the model, store its out
   logs ``late_write_rejected`` and discards its result. It also sets ``reject_on_worker_lost`` so a
   killed pool child requeues its message instead of losing the job, and retries when the database
   is unreachable instead of leaving its row unfinished.
+- ``tasks.infer_fenced_resuming`` is the fenced task that retries a refused final write later with
+  the same epoch and output: the late attempt's message is retried for ever, never acknowledged.
 - ``tasks.infer_locked`` is the fenced task behind a per-request Redis lock that saves duplicate
   model calls, with a flaw only the wire shows: a redelivered message takes the lock over.
 
@@ -269,41 +271,88 @@ def infer_fenced_acked(self, request_id, input):
 def run_fenced(task, request_id, input):
     """The fenced body: epoch at start, final write only while the epoch is still the row's."""
     with connect() as conn:
-        ensure_row(conn, request_id, input)
-        row = conn.execute(
-            "UPDATE inference_results SET epoch = epoch + 1, owner = %s, status = 'RUNNING',"
-            " updated_at = now() WHERE request_id = %s AND status NOT IN ('SUCCEEDED', 'FAILED')"
-            " RETURNING epoch",
-            (WORKER_NAME, request_id),
-        ).fetchone()
-        if row is None:
-            step(task, request_id, "already_completed")
+        epoch = take_epoch(task, conn, request_id, input)
+        if epoch is None:
             return None
-        epoch = row[0]
-        step(task, request_id, "job_taken", generation=epoch)
-        step(task, request_id, "inference_started", generation=epoch)
-        try:
-            output, version = call_model_cached(task, request_id, input)
-        except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
-            step(task, request_id, "upstream_failed", logging.WARNING, error=exc)
-            conn.execute(
-                "UPDATE inference_results SET status = 'FAILED', updated_at = now()"
-                " WHERE request_id = %s AND epoch = %s AND status NOT IN ('SUCCEEDED', 'FAILED')",
-                (request_id, epoch),
-            )
-            raise
-        written = conn.execute(
-            "UPDATE inference_results SET status = 'SUCCEEDED', output = %s, model_version = %s,"
-            " updated_at = now()"
+        output, version = fenced_model_call(task, conn, request_id, input, epoch)
+        if not fenced_write(task, conn, request_id, epoch, output, version):
+            step(task, request_id, "discarded_late_result", logging.WARNING, generation=epoch)
+    return None
+
+
+def take_epoch(task, conn, request_id, input):
+    """Creates the row if needed and takes the next epoch; None when the row is already final."""
+    ensure_row(conn, request_id, input)
+    row = conn.execute(
+        "UPDATE inference_results SET epoch = epoch + 1, owner = %s, status = 'RUNNING',"
+        " updated_at = now() WHERE request_id = %s AND status NOT IN ('SUCCEEDED', 'FAILED')"
+        " RETURNING epoch",
+        (WORKER_NAME, request_id),
+    ).fetchone()
+    if row is None:
+        step(task, request_id, "already_completed")
+        return None
+    epoch = row[0]
+    step(task, request_id, "job_taken", generation=epoch)
+    step(task, request_id, "inference_started", generation=epoch)
+    return epoch
+
+
+def fenced_model_call(task, conn, request_id, input, epoch):
+    """The model call; an upstream error marks the row FAILED (while the epoch is its own)."""
+    try:
+        return call_model_cached(task, request_id, input)
+    except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
+        step(task, request_id, "upstream_failed", logging.WARNING, error=exc)
+        conn.execute(
+            "UPDATE inference_results SET status = 'FAILED', updated_at = now()"
             " WHERE request_id = %s AND epoch = %s AND status NOT IN ('SUCCEEDED', 'FAILED')",
-            (output, version, request_id, epoch),
-        ).rowcount
+            (request_id, epoch),
+        )
+        conn.commit()
+        raise
+
+
+def fenced_write(task, conn, request_id, epoch, output, version):
+    """The final write, only while ``epoch`` is still the row's; True when it wrote."""
+    written = conn.execute(
+        "UPDATE inference_results SET status = 'SUCCEEDED', output = %s, model_version = %s,"
+        " updated_at = now()"
+        " WHERE request_id = %s AND epoch = %s AND status NOT IN ('SUCCEEDED', 'FAILED')",
+        (output, version, request_id, epoch),
+    ).rowcount
+    # Committed before it is logged: a log line says what the table already holds.
+    conn.commit()
     if written == 1:
         step(task, request_id, "inference_succeeded", write="result_store", generation=epoch)
-    else:
-        step(task, request_id, "late_write_rejected", logging.WARNING, generation=epoch)
-        step(task, request_id, "discarded_late_result", logging.WARNING, generation=epoch)
-    return None
+        return True
+    step(task, request_id, "late_write_rejected", logging.WARNING, generation=epoch)
+    return False
+
+
+# max_retries=None on the task: ``self.retry(max_retries=None)`` would mean the task's own limit.
+@app.task(
+    bind=True,
+    name="tasks.infer_fenced_resuming",
+    **{**RERUN_SAFELY, "max_retries": None},
+)
+def infer_fenced_resuming(self, request_id, input, epoch=None, output=None, version=None):
+    """The fenced task with a "resume" a team adds so that no computed result is thrown away: a
+    refused final write is retried later with the same epoch and output, as if the refusal were a
+    passing conflict. It never is (the row's epoch only grows): a late attempt's message is
+    retried for ever and never acknowledged, a stuck delivery, though the row ended once."""
+    received(self, request_id)
+    with connect() as conn:
+        if epoch is None:
+            epoch = take_epoch(self, conn, request_id, input)
+            if epoch is None:
+                return None
+            output, version = fenced_model_call(self, conn, request_id, input, epoch)
+        if fenced_write(self, conn, request_id, epoch, output, version):
+            return None
+    step(self, request_id, "write_retry_scheduled", logging.WARNING, generation=epoch)
+    kwargs = dict(request_id=request_id, input=input, epoch=epoch, output=output, version=version)
+    raise self.retry(kwargs=kwargs, countdown=1)
 
 
 _LOCKS = None

@@ -547,16 +547,29 @@ fn no_stuck_delivery(history: &History) -> Vec<Violation> {
         .events
         .iter()
         .filter_map(|event| match &event.kind {
-            EventKind::Harness(Observation::Pending { key, deliveries }) => {
+            EventKind::Harness(Observation::Pending {
+                key,
+                deliveries,
+                held,
+            }) => {
                 let status = history
                     .jobs
                     .iter()
                     .find(|j| j.idempotency_key == *key)
                     .map_or("missing", |j| j.status.as_str());
+                // A count read from the broker's record (racecert did not see the deliveries
+                // itself) is left out rather than printed as 0.
+                let delivered = match deliveries {
+                    0 => String::new(),
+                    n => format!(", delivered {n} time(s)"),
+                };
+                let place = held
+                    .as_ref()
+                    .map_or(String::new(), |held| format!("; the broker holds it in {held}"));
                 Some(Violation {
                     invariant: Invariant::NoStuckDelivery,
                     observed: format!(
-                        "the delivery of {} ({key}) is still unacknowledged after the drain, delivered {deliveries} time(s); its job is {status}",
+                        "the delivery of {} ({key}) is still unacknowledged after the drain{delivered}; its job is {status}{place}",
                         history.request_of(key).unwrap_or(key)
                     ),
                     evidence: vec![format!("step {} {:?}", event.step, event.kind)],

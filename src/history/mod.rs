@@ -214,6 +214,10 @@ pub enum Observation {
         key: String,
         /// How many times it was delivered.
         deliveries: u64,
+        /// Where the broker still holds its message (a queue, an unacked or in-progress record),
+        /// when racecert read it from the broker rather than counted deliveries.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        held: Option<String>,
     },
 }
 
@@ -272,10 +276,18 @@ impl Observation {
                 ("lease_ttl_ms", ttl_ms.to_string()),
                 ("bound_ms", bound_ms.to_string()),
             ],
-            Observation::Pending { key, deliveries } => vec![
-                ("idempotency_key", key.clone()),
-                ("deliveries", deliveries.to_string()),
-            ],
+            Observation::Pending {
+                key,
+                deliveries,
+                held,
+            } => {
+                let mut fields = vec![
+                    ("idempotency_key", key.clone()),
+                    ("deliveries", deliveries.to_string()),
+                ];
+                fields.extend(held.iter().map(|held| ("held", held.clone())));
+                fields
+            }
             Observation::Held { worker, before } => {
                 vec![("worker_id", worker.clone()), ("before", before.clone())]
             }

@@ -830,8 +830,11 @@ impl<'c, 'a> CaseRun<'c, 'a> {
         }
         // What the queue still holds: a delivery left unacknowledged is never done.
         for (key, deliveries) in harness_queue.pending().await? {
-            self.recorder
-                .observe(Observation::Pending { key, deliveries });
+            self.recorder.observe(Observation::Pending {
+                key,
+                deliveries,
+                held: None,
+            });
         }
         self.recorder.observe(Observation::Drained { settled });
         Ok(())

@@ -783,7 +783,11 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
         let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
     }
     for (key, deliveries) in queue.pending().await? {
-        recorder.observe(Observation::Pending { key, deliveries });
+        recorder.observe(Observation::Pending {
+            key,
+            deliveries,
+            held: None,
+        });
     }
     // A job still open behind a lease set to outlive the liveness bound (twice the longest TTL
     // the workers were given) waits for it, whatever the drain allows.

@@ -31,6 +31,7 @@ crate::tests!(
     rq_a_crash_kills_the_work_horse_that_holds_the_job_on_a_framework_without_a_preset,
     dramatiq_a_worker_paused_past_its_heartbeat_writes_twice_and_the_safe_actor_passes,
     dramatiq_a_timed_out_actor_without_retries_loses_its_job_and_one_retrying_at_once_passes,
+    celery_a_late_attempt_retrying_its_refused_write_for_ever_is_a_stuck_delivery,
 );
 
 fn example(file: &str) -> PathBuf {
@@ -252,7 +253,8 @@ async fn celery_retry_after_an_upstream_timeout_or_a_resubmission_writes_twice_a
 /// finishes the job and takes nothing more (the replacement runs the next job). The draining
 /// variant's own SIGTERM handler keeps the consumer going: the wire shows it taking the next job
 /// after its stop signal (drain-discipline), and the SIGKILL at the end of the grace period
-/// strands that job in `unacked` (no-lost-job).
+/// strands that job in `unacked` (no-lost-job; no-stuck-delivery: the broker still holds it
+/// after the drain).
 async fn celery_a_worker_that_keeps_consuming_after_its_stop_signal_is_caught_and_fenced_drains(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
@@ -263,7 +265,7 @@ async fn celery_a_worker_that_keeps_consuming_after_its_stop_signal_is_caught_an
     let broke: std::collections::BTreeSet<&str> =
         case.violations.iter().map(|v| v.invariant.name()).collect();
     anyhow::ensure!(
-        case.landed && broke == ["drain-discipline", "no-lost-job"].into(),
+        case.landed && broke == ["drain-discipline", "no-lost-job", "no-stuck-delivery"].into(),
         "the draining worker took the next job after its stop signal and lost it:\n{text}"
     );
     let drain = case
@@ -1218,6 +1220,45 @@ async fn dramatiq_a_timed_out_actor_without_retries_loses_its_job_and_one_retryi
     anyhow::ensure!(
         outcome.passed() && case.landed && case.model_calls >= 2 && case.final_writes == 1,
         "the try again at once was held too, and the request was judged once it ended:\n{text}"
+    );
+    Ok(())
+}
+
+/// no-stuck-delivery from the broker's own record: the resuming task retries its refused final
+/// write for ever (a new message a second later, each refused), so after a forced restore the
+/// late attempt's message is still in the queue or kombu's `unacked` when the drain's bound
+/// ends, though the row ended once and right. The fenced task, whose late attempt discards its
+/// result and is acknowledged, passes with the invariant judged.
+async fn celery_a_late_attempt_retrying_its_refused_write_for_ever_is_a_stuck_delivery(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let faults = [FaultKind::ForcedRestore];
+    let resuming = System::load(&example("celery-worker/resuming.toml"))?;
+    let outcome = run_system(bed, &resuming, &settings(&faults)).await?;
+    let text = summary(&outcome);
+    let case = outcome.cases.first().context_or(&text)?;
+    let broke: Vec<&str> = case.violations.iter().map(|v| v.invariant.name()).collect();
+    anyhow::ensure!(
+        case.landed && broke == ["no-stuck-delivery"] && case.final_writes == 1,
+        "the late attempt's message is held for ever, the row written once:\n{text}"
+    );
+    let stuck = &case.violations[0];
+    anyhow::ensure!(
+        stuck.observed.contains("the broker holds it in")
+            && (stuck.observed.contains("unacked") || stuck.observed.contains("the queue")),
+        "the verdict says where the broker holds it: {stuck:#?}"
+    );
+    let fenced = System::load(&example("celery-worker/fenced.toml"))?;
+    let outcome = run_system(bed, &fenced, &settings(&faults)).await?;
+    let text = summary(&outcome);
+    anyhow::ensure!(
+        outcome.passed()
+            && outcome.cases[0].landed
+            && !outcome.cases[0]
+                .not_judged
+                .iter()
+                .any(|i| i.name() == "no-stuck-delivery"),
+        "the fenced task passes with no-stuck-delivery judged:\n{text}"
     );
     Ok(())
 }

@@ -92,6 +92,9 @@ pub(super) struct CaseCtx<'a, 'f> {
     /// held a model call when the drain's bound ran out, so a request still running may be
     /// racecert's doing, not the system's.
     pub(super) liveness_blind: Option<String>,
+    /// What the broker held before the case submitted anything (each message as it carries
+    /// it): an earlier case's leftovers, which the drain does not wait for.
+    pub(super) held_before: Vec<String>,
 }
 
 /// What a framework fault needs to know of its case: the delivery (Celery's tag), the slow model
@@ -301,6 +304,11 @@ pub(super) async fn run_case(
     idle_fleet(ctx).await?;
     prepare_fleet(ctx, fault).await?;
     let slow_guards = ctx.slow_models(slow).await?;
+    ctx.held_before = super::settle::broker_holds(ctx)
+        .await?
+        .into_iter()
+        .map(|h| h.carries)
+        .collect();
     ctx.aim.visibility = vt;
     ctx.aim.orphan = orphan;
     ctx.aim.slow = slow;

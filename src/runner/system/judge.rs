@@ -9,12 +9,13 @@ use crate::contract::JobRow;
 use crate::contract::fencing::FenceOrder;
 use crate::fault::FaultKind;
 use crate::history::{AuditRow, Event, EventKind, History, Observation, SubmittedRequest};
-use crate::system::System;
+use crate::system::{Framework, System};
 use crate::wire::{Reply, Request, RoundTrip, WireEvent};
 use sqlx::Row;
 
 /// What can be judged of a system as its file describes it: the audit trail always says how
-/// many final writes a request had and whether it ended; the version column lets a result be
+/// many final writes a request had and whether it ended; a preset's broker, read after the
+/// drain, whether a delivery was never acknowledged; the version column lets a result be
 /// checked against the version it names; `[keys]` lets the wire judge the team's own leases and
 /// cache; `[fencing]` names the team's generation or token column, by which the fencing
 /// invariants are judged (without it they are reported as not judged). Backend calls are not
@@ -26,6 +27,10 @@ pub(super) fn judged(system: &System) -> (Vec<Invariant>, Vec<Invariant>) {
         Invariant::NoLostJob,
         Invariant::DrainDiscipline,
     ];
+    // A preset's broker is read after the drain: a delivery never acknowledged shows there.
+    if system.framework != Framework::Custom {
+        judged.push(Invariant::NoStuckDelivery);
+    }
     if system.results.version.is_some() {
         judged.push(Invariant::ResultNamesItsVersion);
     }

@@ -591,6 +591,7 @@ async fn run_with_backends(
                 observations: Vec::new(),
                 wire_origin_unix_ms: bed.wire_origin_unix_ms(),
                 liveness_blind: None,
+                held_before: Vec::new(),
             };
             let started = Instant::now();
             match run_case(&mut ctx, number, fault, venv, redis_db, database).await {

@@ -3,11 +3,14 @@
 //! or nothing more can happen (held calls answered, the system's recovery bound passed), so that
 //! liveness is judged only when it can be.
 
-use super::Wire;
 use super::case::CaseCtx;
+use super::{Wire, now_ms};
 use crate::Result;
 use crate::fault::FaultKind;
-use crate::system::preset::{CELERY_PREFETCH_ENV, celery_keys, dramatiq_keys, fault_prefetch};
+use crate::history::Observation;
+use crate::system::preset::{
+    CELERY_PREFETCH_ENV, celery_keys, dramatiq_keys, fault_prefetch, read_enqueued,
+};
 use crate::system::{Framework, Submit, System};
 use crate::wire::{Reply, TxStatus};
 use nix::sys::signal::Signal;
@@ -215,47 +218,19 @@ pub(super) async fn drain(
                 .fetch_one(&mut *ctx.pg)
                 .await?;
         let calls: usize = ctx.calls().await?.iter().map(|(_, n)| n).sum();
-        let in_flight = match ctx.system.framework {
-            Framework::Celery => {
-                let queued: i64 = redis::cmd("LLEN")
-                    .arg(queue_of(ctx.system))
-                    .query_async(ctx.rd)
-                    .await?;
-                let unacked: i64 = redis::cmd("HLEN")
-                    .arg(celery_keys::UNACKED)
-                    .query_async(ctx.rd)
-                    .await?;
-                queued + unacked
-            }
-            Framework::Apalis => sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM apalis.jobs WHERE status IN ('Pending', 'Queued', 'Running')",
-            )
-            .fetch_one(&mut *ctx.pg)
-            .await
-            .unwrap_or(0),
-            Framework::Dramatiq => {
-                // A message stays in its queue's hash from enqueue to ack; a retry waits in the
-                // delay queue's.
-                let namespace = ctx.system.dramatiq()?.namespace.clone();
-                let queue = queue_of(ctx.system);
-                let mut held = 0;
-                for queue in [queue.clone(), format!("{queue}.DQ")] {
-                    let (_, messages) = dramatiq_keys(&namespace, &queue);
-                    let n: i64 = redis::cmd("HLEN")
-                        .arg(&messages)
-                        .query_async(ctx.rd)
-                        .await?;
-                    held += n;
-                }
-                held
-            }
-            Framework::Custom => 0,
-        };
+        // Only what the case added: a message the broker held before the case's submission is an
+        // earlier case's (a job stranded by a bug), judged there, not waited for here.
+        let holds = broker_holds(ctx).await?;
+        let added = holds
+            .iter()
+            .filter(|h| !ctx.held_before.contains(&h.carries))
+            .count() as i64;
         // A model call racecert's backends still hold (a retry that arrived before the fault let
         // later calls answer at once) is work in flight whatever the framework: the request may
         // end once it is answered.
         let held = ctx.held_calls();
-        let in_flight = in_flight + held.len() as i64;
+        let in_flight = added + held.len() as i64;
+        tracing::debug!(in_flight, holds = holds.len(), "drain");
         let now = Instant::now();
         let may_recover = now < recovered_by && !row_is_final(ctx, &request).await?;
         if now >= first_call_done && in_flight == 0 && !may_recover {
@@ -281,9 +256,149 @@ pub(super) async fn drain(
                 ctx.note("racecert", "racecert", why.clone(), "fault");
                 ctx.liveness_blind = Some(why);
             }
+            record_pending(ctx, &holds);
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A message the broker holds for a worker: waiting in a queue, delivered and not acknowledged,
+/// or (apalis) a job row not done.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct BrokerHeld {
+    /// Where: the queue or record, as the diagram names it.
+    pub(super) place: String,
+    /// The message as stored (the envelope, a decoded body): where a request's id shows.
+    pub(super) carries: String,
+    /// The framework's id of the message, when it names one.
+    pub(super) job_id: Option<String>,
+}
+
+/// What the broker still holds for the workers, read from the broker's own record: Celery's
+/// queue list and kombu's `unacked` hash (a delivered message stays there until its ack);
+/// apalis' job rows that are Pending, Queued or Running; Dramatiq's message hashes of the queue
+/// and its delay queue (a message stays there from enqueue to ack). A `custom` system names no
+/// broker racecert can read: nothing.
+pub(super) async fn broker_holds(ctx: &mut CaseCtx<'_, '_>) -> Result<Vec<BrokerHeld>> {
+    let message = |place: String, value: String| {
+        let job_id = read_enqueued(&value).map(|m| m.job_id);
+        let carries = read_enqueued(&value).map_or(value, |m| m.carries);
+        BrokerHeld {
+            place,
+            carries,
+            job_id,
+        }
+    };
+    let mut holds = Vec::new();
+    match ctx.system.framework {
+        Framework::Celery => {
+            let queue = queue_of(ctx.system);
+            let queued: Vec<String> = redis::cmd("LRANGE")
+                .arg(&queue)
+                .arg(0)
+                .arg(-1)
+                .query_async(ctx.rd)
+                .await?;
+            holds.extend(
+                queued
+                    .into_iter()
+                    .map(|value| message(format!("the queue `{queue}`"), value)),
+            );
+            // `unacked` maps a delivery tag to `[message, exchange, routing_key]`.
+            let unacked: BTreeMap<String, String> = redis::cmd("HGETALL")
+                .arg(celery_keys::UNACKED)
+                .query_async(ctx.rd)
+                .await?;
+            for (tag, value) in unacked {
+                let envelope = serde_json::from_str::<serde_json::Value>(&value)
+                    .ok()
+                    .and_then(|v| v.get(0).map(serde_json::Value::to_string))
+                    .unwrap_or(value);
+                holds.push(message(
+                    format!("kombu's `{}` (delivery {tag})", celery_keys::UNACKED),
+                    envelope,
+                ));
+            }
+        }
+        Framework::Apalis => {
+            // The table exists once a worker ran apalis' migrations: before, nothing is held.
+            let rows: Vec<(String, String, String)> = sqlx::query_as(
+                "SELECT id::text, status::text, convert_from(job, 'UTF8') FROM apalis.jobs \
+                 WHERE status IN ('Pending', 'Queued', 'Running')",
+            )
+            .fetch_all(&mut *ctx.pg)
+            .await
+            .unwrap_or_default();
+            holds.extend(rows.into_iter().map(|(id, status, job)| BrokerHeld {
+                place: format!("apalis.jobs (job {id}, {status})"),
+                carries: job,
+                job_id: Some(id),
+            }));
+        }
+        Framework::Dramatiq => {
+            let namespace = ctx.system.dramatiq()?.namespace.clone();
+            let queue = queue_of(ctx.system);
+            for queue in [queue.clone(), format!("{queue}.DQ")] {
+                let (_, messages) = dramatiq_keys(&namespace, &queue);
+                let stored: BTreeMap<String, String> = redis::cmd("HGETALL")
+                    .arg(&messages)
+                    .query_async(ctx.rd)
+                    .await?;
+                holds.extend(
+                    stored
+                        .into_values()
+                        .map(|value| message(format!("`{messages}`"), value)),
+                );
+            }
+        }
+        Framework::Custom => {}
+    }
+    Ok(holds)
+}
+
+/// Records, once the drain's bound ran out, each of the case's requests whose message the broker
+/// still holds (its id in the message, or the task id the wire tied to it): a delivery never
+/// acknowledged, judged by no-stuck-delivery.
+fn record_pending(ctx: &mut CaseCtx<'_, '_>, holds: &[BrokerHeld]) {
+    let mut requests = vec![format!("{}-req", ctx.prefix)];
+    requests.extend(ctx.judged_too.iter().map(|(id, _)| id.clone()));
+    for request in requests {
+        let job_ids: Vec<String> = ctx
+            .observations
+            .iter()
+            .filter_map(|(_, o)| match o {
+                Observation::Enqueued { key, job_id } if *key == request => Some(job_id.clone()),
+                _ => None,
+            })
+            .collect();
+        let places: Vec<&str> = holds
+            .iter()
+            .filter(|h| !ctx.held_before.contains(&h.carries))
+            .filter(|h| {
+                h.carries.contains(&request)
+                    || h.job_id.as_ref().is_some_and(|id| job_ids.contains(id))
+            })
+            .map(|h| h.place.as_str())
+            .collect();
+        if places.is_empty() {
+            continue;
+        }
+        let places = places.join(", ");
+        ctx.note(
+            "racecert",
+            "racecert",
+            format!("after the drain the broker still holds {request} in {places}"),
+            "fault",
+        );
+        ctx.observations.push((
+            now_ms(),
+            Observation::Pending {
+                key: request,
+                deliveries: 0,
+                held: Some(places),
+            },
+        ));
     }
 }
 

@@ -673,8 +673,11 @@ impl<'b> Case<'b> {
         let mut queue = crate::reference::queue::Queue::over(self.admin.redis.clone(), &self.keys);
         for (key, deliveries) in queue.pending().await? {
             if self.submitted.iter().any(|r| r.idempotency_key == key) {
-                self.recorder
-                    .observe(Observation::Pending { key, deliveries });
+                self.recorder.observe(Observation::Pending {
+                    key,
+                    deliveries,
+                    held: None,
+                });
             }
         }
         self.recorder.observe(Observation::Drained { settled });
