@@ -924,6 +924,35 @@ mod tests {
     }
 
     #[test]
+    fn a_delivery_the_broker_still_holds_says_where_and_leaves_out_a_count_it_did_not_see() {
+        let pending = |key: &str, deliveries: u64, held: Option<&str>| crate::history::Event {
+            step: 0,
+            at_ms: 0,
+            kind: EventKind::Harness(Observation::Pending {
+                key: key.into(),
+                deliveries,
+                held: held.map(Into::into),
+            }),
+        };
+        let history = History {
+            events: vec![
+                pending("counted", 2, None),
+                pending("read", 0, Some("kombu's `unacked` (delivery 7)")),
+            ],
+            ..History::default()
+        };
+        let found = no_stuck_delivery(&history);
+        let observed: Vec<&str> = found.iter().map(|v| v.observed.as_str()).collect();
+        assert_eq!(
+            observed,
+            [
+                "the delivery of counted (counted) is still unacknowledged after the drain, delivered 2 time(s); its job is missing",
+                "the delivery of read (read) is still unacknowledged after the drain; its job is missing; the broker holds it in kombu's `unacked` (delivery 7)",
+            ]
+        );
+    }
+
+    #[test]
     fn a_request_accepted_after_the_switch_and_answered_by_the_old_version_breaks_served_by_new_version()
      {
         let at = |ms: u64, kind: EventKind| crate::history::Event {

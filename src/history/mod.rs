@@ -818,6 +818,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_pending_delivery_written_before_held_existed_still_reads() {
+        let old = r#"{"observed":"pending","key":"k","deliveries":3}"#;
+        let read: Observation = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            read,
+            Observation::Pending {
+                key: "k".into(),
+                deliveries: 3,
+                held: None
+            }
+        );
+        // Written again, it is what it was: no `held` where there is none.
+        assert_eq!(serde_json::to_string(&read).unwrap(), old);
+    }
+
+    #[test]
     fn a_case_reads_only_the_events_recorded_since_it_began() {
         let recorder = Recorder::new();
         recorder.observe(Observation::Draining);
