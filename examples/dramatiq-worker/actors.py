@@ -14,9 +14,15 @@ when it dies).
   call times out the message goes to Dramatiq's dead-letter queue and the row stays ``RUNNING``
   for good: a lost job.
 
+Every actor runs under ``time_limit=TIME_LIMIT_MS`` (Dramatiq's ``TimeLimit`` middleware, 600 s
+by default). Its ``TimeLimitExceeded`` is a ``BaseException`` raised in the actor's thread once a
+blocking read returns: past the limit, the model's answer arrives and is dropped, no ``except
+Exception`` (nor ``MODEL_ERRORS``) sees it, and the Retries middleware runs the message again.
+
 Variables: ``REDIS_URL``, ``DATABASE_URL``, ``MODEL_URL`` (OpenAI-style ``/v1/completions``),
-``MODEL_NAME``, ``MODEL_VERSION``, ``WORKER_NAME``, ``MODEL_TIMEOUT_S``, ``MODEL_ATTEMPTS``, and the broker's
-``DRAMATIQ_NAMESPACE``, ``HEARTBEAT_TIMEOUT_MS``, ``MAINTENANCE_CHANCE``.
+``MODEL_NAME``, ``MODEL_VERSION``, ``WORKER_NAME``, ``MODEL_TIMEOUT_S``, ``MODEL_ATTEMPTS``,
+``TIME_LIMIT_MS``, and the broker's ``DRAMATIQ_NAMESPACE``, ``HEARTBEAT_TIMEOUT_MS``,
+``MAINTENANCE_CHANCE``.
 """
 
 import json
@@ -37,6 +43,8 @@ MODEL_VERSION = os.environ.get("MODEL_VERSION", "v1")
 WORKER_NAME = os.environ.get("WORKER_NAME", "worker")
 MODEL_TIMEOUT_S = float(os.environ.get("MODEL_TIMEOUT_S", "15"))
 MODEL_ATTEMPTS = int(os.environ.get("MODEL_ATTEMPTS", "1"))
+# Each actor's time limit, milliseconds (Dramatiq's own default when unset).
+TIME_LIMIT_MS = int(os.environ.get("TIME_LIMIT_MS", "600000"))
 # The Retries middleware's settings of the retrying actors: a short back-off, so that a retry
 # runs within the seconds a test waits, not Dramatiq's default 15 s doubling 20 times.
 MAX_RETRIES = 3
@@ -141,7 +149,9 @@ def write_plain(conn, request_id, output):
     )
 
 
-@dramatiq.actor(max_retries=MAX_RETRIES, min_backoff=1000, max_backoff=4000)
+@dramatiq.actor(
+    max_retries=MAX_RETRIES, min_backoff=1000, max_backoff=4000, time_limit=TIME_LIMIT_MS
+)
 def infer_naive(request_id, input):
     step(request_id, "job_received")
     with connect() as conn:
@@ -160,7 +170,9 @@ def infer_naive(request_id, input):
     step(request_id, "inference_succeeded", write="result_store")
 
 
-@dramatiq.actor(max_retries=MAX_RETRIES, min_backoff=1000, max_backoff=4000)
+@dramatiq.actor(
+    max_retries=MAX_RETRIES, min_backoff=1000, max_backoff=4000, time_limit=TIME_LIMIT_MS
+)
 def infer_safe(request_id, input):
     message = CurrentMessage.get_current_message()
     step(request_id, "job_received")
@@ -202,7 +214,7 @@ def infer_safe(request_id, input):
         step(request_id, "late_write_rejected", logging.WARNING, generation=epoch)
 
 
-@dramatiq.actor(max_retries=0)
+@dramatiq.actor(max_retries=0, time_limit=TIME_LIMIT_MS)
 def infer_lost(request_id, input):
     step(request_id, "job_received")
     with connect() as conn:

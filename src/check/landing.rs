@@ -286,6 +286,9 @@ pub(super) fn framework(history: &History, kind: FaultKind, worker: &str, at: i6
                     || refused_after(history, at))
         }
         FaultKind::UpstreamTimeout => hung_up(history, worker, at),
+        // The call was answered, and no final write followed it before the request's next
+        // model call (its retry) or at all: the attempt dropped the answer it was given.
+        FaultKind::TimeLimit => held(history, worker, at) && answer_dropped(history, worker, at),
         FaultKind::Partition => cut_off(history, worker, at),
         // Told to stop with the request in hand (whether it then took the next job is what
         // drain-discipline judges).
@@ -358,6 +361,55 @@ fn hung_up(history: &History, worker: &str, at: i64) -> bool {
     })
 }
 
+/// Whether a model call of `worker`'s for the request, in flight at `at`, was answered, and yet
+/// no final write came between that answer and the request's next model call (of any worker)
+/// or the end: the attempt was interrupted after its answer arrived (a framework's time limit)
+/// and never wrote it. An attempt that goes on writes within moments of its answer.
+fn answer_dropped(history: &History, worker: &str, at: i64) -> bool {
+    let names = names(history);
+    let calls: Vec<(&str, i64, Option<i64>)> = history
+        .events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::Wire(wire)
+                if matches!(wire.trip.request, Request::Http(_)) && wire.trip.names_any(&names) =>
+            {
+                Some((
+                    wire.worker.as_str(),
+                    sent_ms(history, event, &wire.trip),
+                    wire.trip
+                        .reply
+                        .as_ref()
+                        .map(|_| answered_ms(history, event, &wire.trip)),
+                ))
+            }
+            _ => None,
+        })
+        .collect();
+    let finals: Vec<i64> = history
+        .audit
+        .iter()
+        .filter(|row| history.is_final(row))
+        .filter_map(|row| history.written_at(row))
+        .map(|ms| ms as i64)
+        .collect();
+    calls.iter().any(|(who, sent, answered)| {
+        let Some(answered) = *answered else {
+            return false;
+        };
+        if *who != worker || *sent > at || answered < at {
+            return false;
+        }
+        let next = calls
+            .iter()
+            .map(|(_, sent, _)| *sent)
+            .filter(|s| *s > answered)
+            .min()
+            .unwrap_or(i64::MAX);
+        !finals.iter().any(|done| *done >= answered && *done < next)
+    })
+}
+
 /// Whether a model call of `worker`'s for the request, sent before `at`, lost its connection at
 /// or after `at` without an answer: the process that held it died holding it.
 fn died_in_call(history: &History, worker: &str, at: i64) -> bool {
@@ -379,7 +431,7 @@ fn died_in_call(history: &History, worker: &str, at: i64) -> bool {
 mod tests {
     use super::*;
     use crate::contract::layout::KeyLayout;
-    use crate::history::SubmittedRequest;
+    use crate::history::{AuditRow, SubmittedRequest};
     use crate::wire::{HttpRequest, RedisCommand, WireEvent};
 
     fn trip(request: Request, reply: Option<Reply>, sent_ms: u64, answered_ms: u64) -> RoundTrip {
@@ -473,6 +525,86 @@ mod tests {
             !leases.lost_during("worker-b", 1000, 3000),
             "b held nothing then"
         );
+    }
+
+    #[test]
+    fn a_time_limit_lands_when_the_answered_attempt_never_wrote_it() {
+        let call = || {
+            Request::Http(HttpRequest {
+                method: "POST".into(),
+                path: "/v1/completions".into(),
+                headers: Vec::new(),
+                body: "{\"prompt\": \"hello 78\"}".into(),
+                body_len: 22,
+            })
+        };
+        let answer = || {
+            Some(Reply::Http(crate::wire::HttpResponse {
+                status: 200,
+                headers: Vec::new(),
+                body: String::new(),
+                body_len: 0,
+            }))
+        };
+        let done = |at_ms: i64| AuditRow {
+            audit_id: at_ms,
+            idempotency_key: "req-78".into(),
+            operation: "UPDATE".into(),
+            old_status: Some("IN_PROGRESS".into()),
+            new_status: "SUCCEEDED".into(),
+            old_generation: None,
+            new_generation: None,
+            old_model_version: None,
+            new_model_version: None,
+            old_lease_token: None,
+            new_lease_token: None,
+            worker_id: None,
+            attempt: 0,
+            output: Some("out".into()),
+            txid: None,
+            backend_pid: None,
+            recorded_us: Some(at_ms * 1000),
+            writer: None,
+        };
+        // worker-a's call, sent at 100, answered at 1200 (past the limit); its retry's call at
+        // 2500, answered at 2600, and the retry's final write at 2650.
+        let history = History {
+            requests: vec![SubmittedRequest {
+                request_id: "req-78".into(),
+                idempotency_key: "req-78".into(),
+                input: "hello 78".into(),
+            }],
+            wire_origin_ms: Some(0),
+            epoch_unix_ms: Some(0),
+            events: vec![
+                wire(1200, "worker-a", trip(call(), answer(), 100, 1200)),
+                wire(2600, "worker-a", trip(call(), answer(), 2500, 2600)),
+            ],
+            audit: vec![done(2650)],
+            ..History::default()
+        };
+        assert!(framework(&history, FaultKind::TimeLimit, "worker-a", 500));
+        // The attempt wrote within moments of its answer: the limit did not interrupt it.
+        let mut wrote = history.clone();
+        wrote.audit.insert(0, done(1210));
+        assert!(!framework(&wrote, FaultKind::TimeLimit, "worker-a", 500));
+        // No retry and no final write at all (dead-lettered): landed.
+        let mut dead = history.clone();
+        dead.events.truncate(1);
+        dead.audit.clear();
+        assert!(framework(&dead, FaultKind::TimeLimit, "worker-a", 500));
+        // A call that got no answer is the worker's own timeout, not the time limit.
+        let mut hung = dead.clone();
+        hung.events[0] = wire(1200, "worker-a", trip(call(), None, 100, 0));
+        assert!(!framework(&hung, FaultKind::TimeLimit, "worker-a", 500));
+        assert!(framework(
+            &hung,
+            FaultKind::UpstreamTimeout,
+            "worker-a",
+            500
+        ));
+        // Begun after the answer came, nothing was in flight.
+        assert!(!framework(&history, FaultKind::TimeLimit, "worker-a", 1300));
     }
 
     #[test]

@@ -205,11 +205,16 @@ pub enum FaultKind {
     /// A team's system whose workers share one model URL: the backend behind it switches to the
     /// next version while a worker of the old one runs (a load balancer's target, a DNS name).
     BackendSwitch,
+    /// Dramatiq: the actor's time limit passes during its model call; the `TimeLimit`
+    /// middleware's exception reaches the thread once the call returns, so the attempt drops
+    /// the model's answer and the `Retries` middleware runs the message again (or dead-letters
+    /// it).
+    TimeLimit,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 20] = [
+    pub const ALL: [FaultKind; 21] = [
         FaultKind::UpstreamTimeout,
         FaultKind::RetryOverlap,
         FaultKind::LeaseExpiry,
@@ -230,12 +235,13 @@ impl FaultKind {
         FaultKind::ApiResubmission,
         FaultKind::Drain,
         FaultKind::BackendSwitch,
+        FaultKind::TimeLimit,
     ];
 
     /// The kinds only a team's system has (`certify --system`): its framework's own machinery,
     /// and its API submitting again; which of them a framework has is its preset's business
     /// (`system::preset`).
-    pub const FRAMEWORK: [FaultKind; 11] = [
+    pub const FRAMEWORK: [FaultKind; 12] = [
         FaultKind::VisibilityOutlived,
         FaultKind::ForcedRestore,
         FaultKind::KillPoolChild,
@@ -247,6 +253,7 @@ impl FaultKind {
         FaultKind::ApiResubmission,
         FaultKind::Drain,
         FaultKind::BackendSwitch,
+        FaultKind::TimeLimit,
     ];
 
     /// kebab-case name.
@@ -272,6 +279,7 @@ impl FaultKind {
             FaultKind::ApiResubmission => "api-resubmission",
             FaultKind::Drain => "drain",
             FaultKind::BackendSwitch => "backend-switch",
+            FaultKind::TimeLimit => "time-limit",
         }
     }
 
@@ -316,6 +324,9 @@ impl FaultKind {
             FaultKind::BackendSwitch => {
                 "the model behind a running worker's URL changed version and the worker called it"
             }
+            FaultKind::TimeLimit => {
+                "the time limit interrupted the attempt after its model call answered: the answer was dropped"
+            }
         }
     }
 
@@ -340,6 +351,9 @@ impl FaultKind {
             ),
             FaultKind::Partition => Some(
                 "the worker sent nothing on its cut link before the heal: its write came later, or it keeps no connection of its own",
+            ),
+            FaultKind::TimeLimit => Some(
+                "the attempt still wrote its result after the late answer: does the actor's time_limit come from [dramatiq] time_limit_ms ({time_limit_ms})?",
             ),
             _ => None,
         }
@@ -792,6 +806,17 @@ pub trait Plane: Send {
         async move { Err(not_here(FaultKind::UpstreamTimeout, worker)) }
     }
 
+    /// Holds the model's answer to worker `worker`'s call past the framework's time limit for
+    /// the job, below the worker's own timeout, so that the limit interrupts the attempt as the
+    /// answer arrives. Returns what was done, in a phrase, or None when the worker had nothing
+    /// to hit; called only when [`Plane::can_apply`] allows [`FaultKind::TimeLimit`].
+    fn exceed_time_limit(
+        &mut self,
+        worker: usize,
+    ) -> impl Future<Output = Result<Option<String>>> + Send {
+        async move { Err(not_here(FaultKind::TimeLimit, worker)) }
+    }
+
     /// Cuts worker `worker`'s own database link mid-call, across the end of its model call (so
     /// the write the answer leads to meets the cut), then heals it.
     /// Returns what was done, in a phrase, or None when the worker had nothing to hit; called
@@ -952,6 +977,7 @@ pub async fn apply<P: Plane>(fault: &Fault, plane: &mut P) -> Result<Effect> {
                 FaultKind::PrefetchRestore => plane.restore_prefetched(*worker).await?,
                 FaultKind::ApiResubmission => plane.resubmit(*worker).await?,
                 FaultKind::UpstreamTimeout => plane.outlast_model_timeout(*worker).await?,
+                FaultKind::TimeLimit => plane.exceed_time_limit(*worker).await?,
                 FaultKind::Partition => plane.partition_worker(*worker).await?,
                 FaultKind::Drain => plane.drain(*worker).await?,
                 FaultKind::Cutover => plane.roll_out(*worker, false).await?,

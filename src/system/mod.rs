@@ -163,6 +163,11 @@ pub struct DramatiqOptions {
     pub heartbeat_timeout_ms: u64,
     /// `RedisBroker(maintenance_chance=...)`, in a million commands (Dramatiq's default 1000).
     pub maintenance_chance: u32,
+    /// The actor's `time_limit`, milliseconds, when the app takes it from the file
+    /// (`{time_limit_ms}`): declared, it adds the `time-limit` fault (the limit passing in a model
+    /// call); it must lie below `[timeouts] model_ms`, where the HTTP client gives up first.
+    #[serde(default)]
+    pub time_limit_ms: Option<u64>,
 }
 
 fn dramatiq_namespace() -> String {
@@ -172,6 +177,11 @@ fn dramatiq_namespace() -> String {
 impl DramatiqOptions {
     /// Dramatiq's `MAINTENANCE_SCALE`: a chance is out of this many commands.
     pub const MAINTENANCE_SCALE: u32 = 1_000_000;
+
+    /// How far past the time limit the `time-limit` fault holds a model call: the `TimeLimit`
+    /// middleware looks at its deadlines once a second (`interval`, 1000 ms), and a loaded
+    /// machine gets the rest.
+    pub const TIME_LIMIT_MARGIN: Duration = Duration::from_millis(2500);
 
     /// How long after a worker's last heartbeat its messages are back on the queue, with 99%
     /// confidence: the heartbeat timeout, then enough of the live workers' commands on the queue
@@ -318,6 +328,9 @@ impl System {
                 "maintenance_chance",
                 dramatiq.maintenance_chance.to_string(),
             ));
+            if let Some(limit) = dramatiq.time_limit_ms {
+                values.push(("time_limit_ms", limit.to_string()));
+            }
         }
         values
     }
@@ -803,6 +816,24 @@ impl System {
                          between 1 and 1000000 (Dramatiq's MAINTENANCE_SCALE)"
                             .into(),
                     );
+                }
+                if let Some(limit) = dramatiq.time_limit_ms {
+                    let room = Duration::from_millis(limit) + DramatiqOptions::TIME_LIMIT_MARGIN;
+                    if limit == 0 || room + Duration::from_millis(500) > self.model_timeout {
+                        return fail(
+                            "framework",
+                            format!(
+                                "[dramatiq] time_limit_ms = {limit} must be positive and at least {} ms \
+                                 below [timeouts] model_ms = {} (the TimeLimit middleware checks \
+                                 once a second): a time limit past the HTTP client's timeout never \
+                                 fires in a model call, and upstream-timeout already tests that \
+                                 timeout; leave time_limit_ms out then",
+                                (DramatiqOptions::TIME_LIMIT_MARGIN + Duration::from_millis(500))
+                                    .as_millis(),
+                                self.model_timeout.as_millis()
+                            ),
+                        );
+                    }
                 }
                 if dramatiq.recovery() > MAX_RECOVERY {
                     return fail(
@@ -1320,6 +1351,36 @@ mod tests {
             err.contains("safe.toml:6:") && err.contains("higher maintenance_chance"),
             "{err}"
         );
+        // The actors' time limit, declared: a placeholder, and the time-limit fault; one the
+        // HTTP client's timeout would beat is refused, naming both.
+        assert_eq!(
+            system
+                .settings_values()
+                .iter()
+                .find(|(n, _)| *n == "time_limit_ms"),
+            Some(&("time_limit_ms", "18000".to_owned()))
+        );
+        assert!(
+            crate::system::preset::system_faults(&system)
+                .contains(&crate::fault::FaultKind::TimeLimit)
+        );
+        let late = text.replace("time_limit_ms = 18000", "time_limit_ms = 23000");
+        let err = System::parse(&late, &path).unwrap_err().to_string();
+        assert!(
+            err.contains("safe.toml:6:")
+                && err.contains("time_limit_ms = 23000")
+                && err.contains("model_ms = 25000"),
+            "{err}"
+        );
+        let undeclared = text.replace("time_limit_ms = 18000", "");
+        let err = System::parse(&undeclared, &path).unwrap_err().to_string();
+        assert!(err.contains("unknown placeholder {time_limit_ms}"), "{err}");
+        let retrying = example("examples/dramatiq-worker/retry-at-once.toml");
+        let retrying = System::load(&retrying).unwrap();
+        assert!(
+            !crate::system::preset::system_faults(&retrying)
+                .contains(&crate::fault::FaultKind::TimeLimit)
+        );
         let missing = text.replace("[dramatiq]", "[unused]");
         let err = System::parse(&missing, &path).unwrap_err().to_string();
         assert!(err.contains("unused"), "{err}");
@@ -1330,7 +1391,8 @@ mod tests {
             .collect::<String>()
             .replace("DRAMATIQ_NAMESPACE = \"{namespace}\"", "")
             .replace("HEARTBEAT_TIMEOUT_MS = \"{heartbeat_timeout_ms}\"", "")
-            .replace("MAINTENANCE_CHANCE = \"{maintenance_chance}\"", "");
+            .replace("MAINTENANCE_CHANCE = \"{maintenance_chance}\"", "")
+            .replace("TIME_LIMIT_MS = \"{time_limit_ms}\"", "");
         let err = System::parse(&none, &path).unwrap_err().to_string();
         assert!(err.contains("needs a [dramatiq] table"), "{err}");
     }

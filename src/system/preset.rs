@@ -53,7 +53,8 @@ pub fn faults(framework: Framework) -> Vec<FaultKind> {
 
 /// The kinds `system` has: its framework's ([`faults`]); `cache-invalidation-lag` when its
 /// rollout has an invalidation step to run late; `backend-switch` when its workers share one
-/// model URL whose backend the rollout switches.
+/// model URL whose backend the rollout switches; `time-limit` when a Dramatiq system declares
+/// its actor's time limit (`[dramatiq] time_limit_ms`).
 pub fn system_faults(system: &super::System) -> Vec<FaultKind> {
     let mut kinds = faults(system.framework);
     if system.rollout.invalidate.is_some() {
@@ -61,6 +62,13 @@ pub fn system_faults(system: &super::System) -> Vec<FaultKind> {
     }
     if system.rollout.backend_switch {
         kinds.push(FaultKind::BackendSwitch);
+    }
+    if system
+        .dramatiq
+        .as_ref()
+        .is_some_and(|d| d.time_limit_ms.is_some())
+    {
+        kinds.push(FaultKind::TimeLimit);
     }
     kinds
 }
@@ -82,6 +90,7 @@ pub fn call_hold(
     visibility: Duration,
     orphan: Duration,
     model: Duration,
+    time_limit: Option<Duration>,
 ) -> Duration {
     let below = model.saturating_sub(Duration::from_millis(500));
     match kind {
@@ -98,6 +107,11 @@ pub fn call_hold(
         // sweep after it (a worker start), so the request is still reserved when it is restored.
         FaultKind::PrefetchRestore => visibility + Duration::from_secs(8),
         FaultKind::HeartbeatMiss => orphan + Duration::from_secs(6),
+        // Past the framework's time limit for the job (it is checked once a second), below the
+        // HTTP client's timeout: the answer arrives and the limit interrupts the attempt then.
+        FaultKind::TimeLimit => {
+            time_limit.unwrap_or(model) + super::DramatiqOptions::TIME_LIMIT_MARGIN
+        }
         _ => Duration::from_secs(3),
     };
     hold.min(below)

@@ -102,6 +102,7 @@ const LONG: &[&str] = &[
     "systems::celery_a_stale_cache_incident_log_replays_on_the_team_system",
     "systems::celery_a_backend_switch_under_a_running_worker_is_caught_where_the_row_keeps_its_own_version",
     "systems::dramatiq_a_timed_out_actor_without_retries_loses_its_job_and_one_retrying_at_once_passes",
+    "systems::dramatiq_the_time_limit_drops_a_late_answer_the_safe_actor_retries_and_the_lost_one_loses_it",
     "systems::celery_a_late_attempt_retrying_its_refused_write_for_ever_is_a_stuck_delivery",
     "ci_docs::the_gitlab_parallel_job_in_docs_ci_runs_and_merges",
 ];

@@ -31,6 +31,7 @@ crate::tests!(
     rq_a_crash_kills_the_work_horse_that_holds_the_job_on_a_framework_without_a_preset,
     dramatiq_a_worker_paused_past_its_heartbeat_writes_twice_and_the_safe_actor_passes,
     dramatiq_a_timed_out_actor_without_retries_loses_its_job_and_one_retrying_at_once_passes,
+    dramatiq_the_time_limit_drops_a_late_answer_the_safe_actor_retries_and_the_lost_one_loses_it,
     celery_a_late_attempt_retrying_its_refused_write_for_ever_is_a_stuck_delivery,
 );
 
@@ -1220,6 +1221,34 @@ async fn dramatiq_a_timed_out_actor_without_retries_loses_its_job_and_one_retryi
     anyhow::ensure!(
         outcome.passed() && case.landed && case.model_calls >= 2 && case.final_writes == 1,
         "the try again at once was held too, and the request was judged once it ended:\n{text}"
+    );
+    Ok(())
+}
+
+/// Dramatiq's time limit firing in a model call: the call is answered after the actor's
+/// `time_limit` passed (below its HTTP timeout), the `TimeLimit` middleware's exception reaches
+/// the thread as the answer arrives, and the attempt drops it. The safe actor's retry writes
+/// once; the lost actor (no retries, no failure write) leaves its row `RUNNING`.
+async fn dramatiq_the_time_limit_drops_a_late_answer_the_safe_actor_retries_and_the_lost_one_loses_it(
+    bed: &TestBed,
+) -> anyhow::Result<()> {
+    let faults = [FaultKind::TimeLimit];
+    let safe = System::load(&example("dramatiq-worker/safe.toml"))?;
+    let outcome = run_system(bed, &safe, &settings(&faults)).await?;
+    let text = summary(&outcome);
+    let case = outcome.cases.first().context_or("no case ran")?;
+    anyhow::ensure!(
+        outcome.passed() && case.landed && case.model_calls == 2 && case.final_writes == 1,
+        "the interrupted attempt dropped its answer and the retry wrote once:\n{text}"
+    );
+    let lost = System::load(&example("dramatiq-worker/lost.toml"))?;
+    let outcome = run_system(bed, &lost, &settings(&faults)).await?;
+    let text = summary(&outcome);
+    let case = outcome.cases.first().context_or("no case ran")?;
+    let broke: Vec<&str> = case.violations.iter().map(|v| v.invariant.name()).collect();
+    anyhow::ensure!(
+        case.landed && case.final_writes == 0 && broke.contains(&"no-lost-job"),
+        "the interrupted message was dead-lettered and its row left RUNNING:\n{text}"
     );
     Ok(())
 }

@@ -300,7 +300,13 @@ pub(super) async fn run_case(
     };
     // How long the first attempt's model call lasts: past what the fault needs, below the
     // worker's own model timeout (a slow model it waits for) unless the fault is that timeout.
-    let slow = crate::system::preset::call_hold(fault, vt, orphan, system.model_timeout);
+    let time_limit = system
+        .dramatiq
+        .as_ref()
+        .and_then(|d| d.time_limit_ms)
+        .map(Duration::from_millis);
+    let slow =
+        crate::system::preset::call_hold(fault, vt, orphan, system.model_timeout, time_limit);
     idle_fleet(ctx).await?;
     prepare_fleet(ctx, fault).await?;
     let slow_guards = ctx.slow_models(slow).await?;
@@ -789,6 +795,37 @@ impl Plane for CaseCtx<'_, '_> {
             "model answer held {} ms, past the worker's own timeout ({} ms)",
             self.aim.slow.as_millis(),
             timeout.as_millis()
+        );
+        self.note(
+            &format!("model {version}"),
+            &id,
+            format!("{detail}: later calls answer at once"),
+            "fault",
+        );
+        Ok(Some(detail))
+    }
+
+    async fn exceed_time_limit(&mut self, worker: usize) -> Result<Option<String>> {
+        // The call's answer is held past the job's time limit (the case's model program); once
+        // it has been sent, let any later call (the retry) answer at once.
+        let Some(started) = self.aim.call_started else {
+            return Ok(None);
+        };
+        let limit = self
+            .system
+            .dramatiq
+            .as_ref()
+            .and_then(|d| d.time_limit_ms)
+            .unwrap_or_default();
+        tokio::time::sleep_until((started + self.aim.slow + Duration::from_millis(300)).into())
+            .await;
+        release_all(std::mem::take(&mut self.aim.slow_guards)).await;
+        let id = self.worker_id(worker);
+        let version = self.fleet.workers[worker].version.clone();
+        let detail = format!(
+            "model answer held {} ms, past the job's time limit ({limit} ms), below the worker's own timeout ({} ms)",
+            self.aim.slow.as_millis(),
+            self.system.model_timeout.as_millis()
         );
         self.note(
             &format!("model {version}"),

@@ -463,6 +463,7 @@ fn model_call_arrows(ctx: &CaseCtx<'_, '_>, input: &str, fault: FaultKind) -> Ve
     let again = match fault {
         FaultKind::ApiResubmission => "the request submitted again",
         FaultKind::UpstreamTimeout => "after attempt 1 timed out",
+        FaultKind::TimeLimit => "after the time limit interrupted attempt 1",
         FaultKind::Partition => "after attempt 1 failed in the partition",
         FaultKind::Cutover | FaultKind::CacheInvalidationLag => {
             "the same input, a request accepted after the switch"
