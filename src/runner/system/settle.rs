@@ -220,11 +220,9 @@ pub(super) async fn drain(
         let calls: usize = ctx.calls().await?.iter().map(|(_, n)| n).sum();
         // Only what the case added: a message the broker held before the case's submission is an
         // earlier case's (a job stranded by a bug), judged there, not waited for here.
-        let holds = broker_holds(ctx).await?;
-        let added = holds
-            .iter()
-            .filter(|h| !ctx.held_before.contains(&h.carries))
-            .count() as i64;
+        let all = broker_holds(ctx).await?;
+        let holds = added_by_case(ctx, all);
+        let added = holds.len() as i64;
         // A model call racecert's backends still hold (a retry that arrived before the fault let
         // later calls answer at once) is work in flight whatever the framework: the request may
         // end once it is answered.
@@ -281,14 +279,17 @@ pub(super) struct BrokerHeld {
 /// and its delay queue (a message stays there from enqueue to ack). A `custom` system names no
 /// broker racecert can read: nothing.
 pub(super) async fn broker_holds(ctx: &mut CaseCtx<'_, '_>) -> Result<Vec<BrokerHeld>> {
-    let message = |place: String, value: String| {
-        let job_id = read_enqueued(&value).map(|m| m.job_id);
-        let carries = read_enqueued(&value).map_or(value, |m| m.carries);
-        BrokerHeld {
+    let message = |place: String, value: String| match read_enqueued(&value) {
+        Some(read) => BrokerHeld {
             place,
-            carries,
-            job_id,
-        }
+            carries: read.carries,
+            job_id: Some(read.job_id),
+        },
+        None => BrokerHeld {
+            place,
+            carries: value,
+            job_id: None,
+        },
     };
     let mut holds = Vec::new();
     match ctx.system.framework {
@@ -357,9 +358,18 @@ pub(super) async fn broker_holds(ctx: &mut CaseCtx<'_, '_>) -> Result<Vec<Broker
     Ok(holds)
 }
 
+/// The holds the case added: a message the broker held before the case's submission
+/// ([`CaseCtx::held_before`]) is an earlier case's.
+fn added_by_case(ctx: &CaseCtx<'_, '_>, holds: Vec<BrokerHeld>) -> Vec<BrokerHeld> {
+    holds
+        .into_iter()
+        .filter(|h| !ctx.held_before.contains(&h.carries))
+        .collect()
+}
+
 /// Records, once the drain's bound ran out, each of the case's requests whose message the broker
-/// still holds (its id in the message, or the task id the wire tied to it): a delivery never
-/// acknowledged, judged by no-stuck-delivery.
+/// still holds (its id in the message, or the task id the wire tied to it) among the holds the
+/// case added: a delivery never acknowledged, judged by no-stuck-delivery.
 fn record_pending(ctx: &mut CaseCtx<'_, '_>, holds: &[BrokerHeld]) {
     let mut requests = vec![format!("{}-req", ctx.prefix)];
     requests.extend(ctx.judged_too.iter().map(|(id, _)| id.clone()));
@@ -374,7 +384,6 @@ fn record_pending(ctx: &mut CaseCtx<'_, '_>, holds: &[BrokerHeld]) {
             .collect();
         let places: Vec<&str> = holds
             .iter()
-            .filter(|h| !ctx.held_before.contains(&h.carries))
             .filter(|h| {
                 h.carries.contains(&request)
                     || h.job_id.as_ref().is_some_and(|id| job_ids.contains(id))
