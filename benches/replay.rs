@@ -14,7 +14,7 @@
 //! `aws logs filter-log-events` object: these three are not in the default mix), `-- --log-only`
 //! to skip the random bytes (to profile the log's reading alone). Numbers go to BENCHMARKS.md by hand, with this command.
 
-use racecert::contract::log::parse::{self, Options};
+use racecert::logs::{self as parse, Options};
 use racecert::replay::analyse_parsed;
 use std::io::{BufReader, Read};
 use std::time::Instant;

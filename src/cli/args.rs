@@ -3,9 +3,9 @@
 //! value parsers), so a bad argument is refused before anything starts.
 
 use crate::contract::defect::Defect;
-use crate::contract::log::parse::FieldMap;
 use crate::env::images::Service;
 use crate::fault::FaultKind;
+use crate::logs::FieldMap;
 use crate::schedule::search::DEFAULT_CONCURRENCY;
 use crate::suite::certify::parse_shard;
 use clap::{Args, Subcommand, ValueEnum};

@@ -6,8 +6,8 @@
 use super::args::{Format, ReplayArgs};
 use super::{NOTHING_RECONSTRUCTED, OnSignal, interrupted_code, json, verdict_code, with_bed};
 use crate::contract::defect::Defects;
-use crate::contract::log::parse::FieldMap;
 use crate::env::{TestBed, TestBedBuilder};
+use crate::logs::FieldMap;
 use crate::replay::Analysis;
 use crate::runner::system::{SystemSettings, run_system};
 use crate::system::System;

@@ -29,7 +29,7 @@
 //! # }
 //! ```
 
-pub use crate::contract::log::parse;
+pub use crate::logs as parse;
 
 pub mod diagnose;
 pub mod plan;

@@ -13,8 +13,8 @@
 //! enqueue, accept, wait, time out waiting, resubmit; never a receipt, a model call or a write) is
 //! its submitter, the API, not a worker: its lines stay with the request, in no attempt.
 
-use crate::contract::log::parse::{Parsed, ParsedLine, canonical_field, words};
 use crate::contract::log::{LogLine, Status};
+use crate::logs::{Parsed, ParsedLine, canonical_field, words};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 

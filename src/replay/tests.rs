@@ -790,7 +790,7 @@ fn garbage_yields_a_report_and_no_story() {
 #[test]
 fn a_celery_redelivery_is_two_attempts_with_two_final_writes() {
     let analysis = super::analyse(
-        crate::contract::log::parse::tests::CELERY_COMPOSE.as_bytes(),
+        include_str!("../../crates/logs/fixtures/celery-compose.log").as_bytes(),
         None,
     );
     assert!(analysis.malformed.is_empty(), "{}", analysis.text());

@@ -152,7 +152,7 @@ async fn history(ctx: &mut CaseCtx<'_, '_>, request: &str, input: &str) -> Resul
     }
     for (at, _, line) in ctx.fleet.lines.lock().expect("poisoned").iter() {
         if *at >= t0
-            && let Ok(line) = crate::contract::log::parse::parse_line(line)
+            && let Ok(line) = crate::logs::parse_line(line)
         {
             events.push(Event {
                 step: 0,

@@ -131,7 +131,7 @@ async fn a_spare_on_standby_is_aborted_at_half_the_longest_hold_and_recorded_onc
     let stale = gate.before("redis", 2, 0, &[set("a")]).expect("held");
     let newest = gate.before("redis", 3, 0, &[set("a")]).expect("held");
     let recorder = crate::history::Recorder::new();
-    let line = crate::contract::log::parse::parse_line(
+    let line = crate::logs::parse_line(
         r#"{"ts":"2026-12-04T00:00:00Z","level":"warn","worker_id":"worker-a","status":"attempt_error"}"#,
     )
     .expect("a line");

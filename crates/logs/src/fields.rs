@@ -4,8 +4,8 @@
 //! worker a line came from (an explicit worker id, else the pod, container or host the record or
 //! its container names). One table for every reader, so a spelling is taught once.
 
-use super::super::{Level, LogLine, format_timestamp};
 use super::words::status_of;
+use racecert_core::contract::log::{Level, LogLine, format_timestamp};
 use std::fmt;
 use std::str::FromStr;
 
@@ -83,7 +83,7 @@ impl FromStr for FieldMap {
 
     fn from_str(text: &str) -> Result<FieldMap, String> {
         let names = || {
-            crate::contract::LOG_FIELDS
+            racecert_core::contract::LOG_FIELDS
                 .iter()
                 .chain(MAPPABLE_EXTRA.iter())
                 .copied()

@@ -23,6 +23,8 @@
 //! What the wire cannot show: TLS (a PostgreSQL connection that negotiates SSL is opaque; Redis or
 //! HTTP over TLS frames as garbage and goes opaque), Unix sockets (never proxied).
 
+#![deny(missing_docs)]
+
 mod conn;
 mod describe;
 mod http;
@@ -66,7 +68,7 @@ pub struct JournalEntry {
     /// The version it serves.
     pub model_version: String,
     /// The parsed call (None if the body was not a call of the backend's API).
-    pub request: Option<crate::contract::InferRequest>,
+    pub request: Option<racecert_core::contract::InferRequest>,
 }
 
 /// The protocol a link carries.

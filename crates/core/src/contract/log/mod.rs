@@ -5,12 +5,11 @@
 //!
 //! - [`Status`]: the status words, one enum for writer, parser and checkers.
 //! - [`LogLine`]: one line, written as logfmt or JSON.
-//! - [`parse`]: reads lines back as teams write them (logfmt, JSON, nested JSON, Celery's worker
-//!   format; common spellings of each field; free-text messages mapped to [`Status`]), garbage
-//!   counted, never a panic.
+//! - the crate `racecert-logs` reads lines back as teams write them (logfmt, JSON, nested JSON,
+//!   Celery's worker format; common spellings of each field; free-text messages mapped to
+//!   [`Status`]), garbage counted, never a panic.
 //! - [`sink`]: where a worker's lines go (kept for the checkers, echoed when asked).
 
-pub mod parse;
 pub mod sink;
 
 pub use sink::{Echo, LogSink};

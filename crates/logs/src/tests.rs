@@ -286,32 +286,7 @@ fn celery_worker_logs_name_the_job_the_worker_and_what_happened() {
 /// Two Celery workers' output as `docker compose logs` interleaves it (captured from the Celery
 /// example under racecert, shortened): Python `warnings` output and Celery's multi-line notices,
 /// blank lines behind the prefix, the task's own key=value lines naming the worker its own way.
-pub(crate) const CELERY_COMPOSE: &str = "\
-worker-a | /venv/lib/python3.11/site-packages/celery/platforms.py:893: SecurityWarning: You're running the worker with superuser privileges: this is
-worker-a | absolutely not recommended!
-worker-a | 
-worker-a | User information: uid=0 euid=0 gid=0 egid=0
-worker-a |   _warn_or_raise_security_error(egid, euid, gid, uid,
-worker-a |  -------------- worker-a@racecert v5.7.0 (collider)
-worker-a | --- ***** ----- 
-worker-a | [tasks]
-worker-a |   . tasks.infer_naive
-worker-a | 
-worker-a | [2026-11-29 23:45:54,061: INFO/MainProcess] worker-a@racecert ready.
-worker-b | [2026-11-29 23:45:54,607: INFO/MainProcess] worker-b@racecert ready.
-worker-a | [2026-11-29 23:45:54,658: INFO/MainProcess] Task tasks.infer_naive[c96a] received
-worker-a | [2026-11-29 23:45:54,660: INFO/ForkPoolWorker-1] tasks.infer_naive[c96a]: request_id=req-1 job_id=c96a attempt=1 redelivered=false worker_id=worker-a model_version=v1 status=job_received
-worker-b | [2026-11-29 23:45:54,714: WARNING/MainProcess] /venv/lib/python3.11/site-packages/celery/worker/consumer/consumer.py:427: CPendingDeprecationWarning: 
-worker-b | In Celery 5.1 we introduced an optional breaking change which
-worker-b | 
-worker-b | Trying again in 2.00 seconds... (1/100)
-worker-b | [2026-11-29 23:45:56,882: INFO/MainProcess] Task tasks.infer_naive[c96a] received
-worker-b | [2026-11-29 23:45:56,888: INFO/ForkPoolWorker-1] tasks.infer_naive[c96a]: request_id=req-1 job_id=c96a attempt=1 redelivered=true worker_id=worker-b model_version=v2 status=retry_dispatched
-worker-b | [2026-11-29 23:45:56,920: INFO/ForkPoolWorker-1] tasks.infer_naive[c96a]: request_id=req-1 job_id=c96a attempt=1 redelivered=true worker_id=worker-b model_version=v2 status=inference_succeeded write=result_store
-worker-b | [2026-11-29 23:45:56,920: INFO/ForkPoolWorker-1] Task tasks.infer_naive[c96a] succeeded in 0.03s: None
-worker-a | [2026-11-29 23:46:00,699: INFO/ForkPoolWorker-1] tasks.infer_naive[c96a]: request_id=req-1 job_id=c96a attempt=1 redelivered=false worker_id=worker-a model_version=v1 status=inference_succeeded write=result_store
-worker-a | [2026-11-29 23:46:00,699: INFO/ForkPoolWorker-1] Task tasks.infer_naive[c96a] succeeded in 6.04s: None
-";
+pub(crate) const CELERY_COMPOSE: &str = include_str!("../fixtures/celery-compose.log");
 
 #[test]
 fn a_celery_workers_own_output_behind_compose_prefixes_reads_without_malformed_lines() {

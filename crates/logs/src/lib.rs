@@ -26,6 +26,8 @@
 //! looked like; bytes that are not UTF-8, lines over [`MAX_LINE`], truncated records and random
 //! bytes are malformed lines, never a panic or a hang.
 
+#![deny(missing_docs)]
+
 mod celery;
 mod document;
 mod fields;
@@ -39,12 +41,12 @@ mod words;
 pub use fields::{FieldMap, canonical_field, read_timestamp};
 pub use words::{status_of, words};
 
-#[cfg(test)]
-use super::{Level, format_timestamp};
-use super::{LogLine, Status};
 use celery::{CELERY_BANNER, celery_line, celery_message};
 use fields::{Meaning, Meanings, Raw, canonical, level_of, top_meaning};
 use logfmt::logfmt;
+#[cfg(test)]
+use racecert_core::contract::log::{Level, format_timestamp};
+use racecert_core::contract::log::{LogLine, Status};
 use records::{Entry, Json, Origin};
 use regex::Regex;
 use serde::Serialize;
@@ -892,10 +894,10 @@ fn looks_like_a_record(body: &str) -> bool {
 }
 
 /// Reads a whole file as a log, streamed.
-pub fn parse_file(path: &std::path::Path, options: &Options) -> crate::Result<Parsed> {
-    let file = std::fs::File::open(path).map_err(|err| crate::Error::io_at(path, err))?;
+pub fn parse_file(path: &std::path::Path, options: &Options) -> racecert_core::Result<Parsed> {
+    let file = std::fs::File::open(path).map_err(|err| racecert_core::Error::io_at(path, err))?;
     let reader = std::io::BufReader::with_capacity(1 << 20, file);
-    parse_reader(reader, options).map_err(|err| crate::Error::io_at(path, err))
+    parse_reader(reader, options).map_err(|err| racecert_core::Error::io_at(path, err))
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! `Warm shutdown`, Sidekiq's `done`, ...). Kept apart from the readers because every shape (logfmt,
 //! JSON, Celery, journald, OTLP, CSV) ends in the same question: what did this line say happened?
 
-use super::super::Status;
+use racecert_core::contract::log::Status;
 
 /// Messages that name a status only when they are the whole message: short words frameworks log
 /// on their own (Sidekiq's `start`, `done` and `fail` lines carry the job id beside them), which

@@ -3,15 +3,17 @@
 //! and they lean on the audit trail and the backend journals wherever a worker's own log could lie.
 //! [`coverage`] judges, from the same history, which faults reached the path they target.
 
+#![deny(missing_docs)]
+
 pub mod coverage;
 mod fencing;
 mod landing;
 mod wire;
 
-use crate::contract::log::Status;
-use crate::contract::output_version;
-use crate::fault::Effect;
-use crate::history::{AuditRow, EventKind, History, Observation};
+use racecert_core::contract::log::Status;
+use racecert_core::contract::output_version;
+use racecert_core::fault::Effect;
+use racecert_history::{AuditRow, EventKind, History, Observation};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::str::FromStr;
@@ -164,14 +166,14 @@ impl fmt::Display for Invariant {
 }
 
 impl FromStr for Invariant {
-    type Err = crate::Error;
+    type Err = racecert_core::Error;
 
-    fn from_str(s: &str) -> crate::Result<Invariant> {
+    fn from_str(s: &str) -> racecert_core::Result<Invariant> {
         Invariant::ALL
             .into_iter()
             .find(|i| i.name() == s)
             .ok_or_else(|| {
-                crate::Error::Config(format!(
+                racecert_core::Error::Config(format!(
                     "unknown invariant {s:?}; known: {}",
                     Invariant::ALL.map(Invariant::name).join(", ")
                 ))
@@ -640,7 +642,7 @@ fn compute_waste_bounded(history: &History) -> Vec<Violation> {
     violations
 }
 
-fn event_line(event: &crate::history::Event) -> String {
+fn event_line(event: &racecert_history::Event) -> String {
     match &event.kind {
         EventKind::Worker(line) => format!("step {} {}", event.step, line.to_logfmt()),
         EventKind::Fault(effect) => format!("step {} fault {effect}", event.step),
@@ -736,8 +738,8 @@ mod tests {
 
     #[test]
     fn the_seed_overwrite_breaks_three_invariants_and_the_fenced_run_none() {
-        let v1 = crate::contract::model_output("x", "v1");
-        let v2 = crate::contract::model_output("x", "v2");
+        let v1 = racecert_core::contract::model_output("x", "v1");
+        let v2 = racecert_core::contract::model_output("x", "v2");
         let fenced = History {
             audit: vec![
                 row(1, "k", None, "PENDING", None, 0, None, None, None, None),
@@ -806,10 +808,10 @@ mod tests {
     }
 
     /// `worker` takes the lease of key `k` at `at_ms` (its `SET NX PX` answered OK).
-    fn lease_taken(worker: &str, at_ms: u64) -> crate::history::Event {
-        use crate::wire::{RedisCommand, RedisReply, Reply, Request, RoundTrip, WireEvent};
+    fn lease_taken(worker: &str, at_ms: u64) -> racecert_history::Event {
+        use racecert_wire::{RedisCommand, RedisReply, Reply, Request, RoundTrip, WireEvent};
         let lease = "c:inference:lock:k";
-        crate::history::Event {
+        racecert_history::Event {
             step: at_ms as usize,
             at_ms,
             kind: EventKind::Wire(Box::new(WireEvent {
@@ -866,7 +868,7 @@ mod tests {
             audit,
             wire_recorded: true,
             epoch_unix_ms: Some(0),
-            layout: crate::contract::layout::KeyLayout::contract("c:"),
+            layout: racecert_core::contract::layout::KeyLayout::contract("c:"),
             ..History::default()
         };
         let non_owner = |h: &History| {
@@ -925,7 +927,7 @@ mod tests {
 
     #[test]
     fn a_delivery_the_broker_still_holds_says_where_and_leaves_out_a_count_it_did_not_see() {
-        let pending = |key: &str, deliveries: u64, held: Option<&str>| crate::history::Event {
+        let pending = |key: &str, deliveries: u64, held: Option<&str>| racecert_history::Event {
             step: 0,
             at_ms: 0,
             kind: EventKind::Harness(Observation::Pending {
@@ -955,7 +957,7 @@ mod tests {
     #[test]
     fn a_request_accepted_after_the_switch_and_answered_by_the_old_version_breaks_served_by_new_version()
      {
-        let at = |ms: u64, kind: EventKind| crate::history::Event {
+        let at = |ms: u64, kind: EventKind| racecert_history::Event {
             step: 0,
             at_ms: ms,
             kind,
@@ -965,7 +967,7 @@ mod tests {
                 key: key.to_owned(),
             })
         };
-        let row = |key: &str, output: &str| crate::contract::JobRow {
+        let row = |key: &str, output: &str| racecert_core::contract::JobRow {
             idempotency_key: key.into(),
             request_id: key.into(),
             status: "SUCCEEDED".into(),

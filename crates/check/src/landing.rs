@@ -6,10 +6,10 @@
 //! worker's round trips, with their send and answer times), the audit trail (when the final
 //! write came) and the requests' ids and inputs (what a round trip names).
 
-use crate::contract::layout::KeyMatcher;
-use crate::fault::FaultKind;
-use crate::history::{Event, EventKind, History, Observation};
-use crate::wire::{RedisReply, Reply, Request, RoundTrip};
+use racecert_core::contract::layout::KeyMatcher;
+use racecert_core::fault::FaultKind;
+use racecert_history::{Event, EventKind, History, Observation};
+use racecert_wire::{RedisReply, Reply, Request, RoundTrip};
 use std::collections::HashMap;
 
 /// A lease event on the wire: who took, released or lost which lease key, when.
@@ -250,7 +250,7 @@ fn reserved(history: &History, at: i64) -> bool {
     first_final(history).is_none_or(|done| done > at)
         && !acting(history)
             .iter()
-            .any(|(who, sent, _, _)| *who != crate::history::SUBMITTER && *sent <= at)
+            .any(|(who, sent, _, _)| *who != racecert_history::SUBMITTER && *sent <= at)
 }
 
 /// Whether framework fault `kind`, begun at `at` (history ms) on `worker`, landed on its target.
@@ -430,9 +430,9 @@ fn died_in_call(history: &History, worker: &str, at: i64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract::layout::KeyLayout;
-    use crate::history::{AuditRow, SubmittedRequest};
-    use crate::wire::{HttpRequest, RedisCommand, WireEvent};
+    use racecert_core::contract::layout::KeyLayout;
+    use racecert_history::{AuditRow, SubmittedRequest};
+    use racecert_wire::{HttpRequest, RedisCommand, WireEvent};
 
     fn trip(request: Request, reply: Option<Reply>, sent_ms: u64, answered_ms: u64) -> RoundTrip {
         RoundTrip {
@@ -539,7 +539,7 @@ mod tests {
             })
         };
         let answer = || {
-            Some(Reply::Http(crate::wire::HttpResponse {
+            Some(Reply::Http(racecert_wire::HttpResponse {
                 status: 200,
                 headers: Vec::new(),
                 body: String::new(),
@@ -619,7 +619,7 @@ mod tests {
             })
         };
         let answer = || {
-            Some(Reply::Http(crate::wire::HttpResponse {
+            Some(Reply::Http(racecert_wire::HttpResponse {
                 status: 200,
                 headers: Vec::new(),
                 body: String::new(),
@@ -731,8 +731,8 @@ mod tests {
         // A partition at 500 met worker-a only if something it sent after the cut got no answer.
         assert!(!framework(&history, FaultKind::Partition, "worker-a", 500));
         let mut cut = history.clone();
-        let sync = Request::Postgres(crate::wire::PgRequest::Batch(crate::wire::PgBatch {
-            mode: crate::wire::PgProtocol::Extended,
+        let sync = Request::Postgres(racecert_wire::PgRequest::Batch(racecert_wire::PgBatch {
+            mode: racecert_wire::PgProtocol::Extended,
             statements: Vec::new(),
         }));
         cut.events

@@ -10,10 +10,10 @@
 //! hostname becomes ready with no banner between, so the lines that follow may be either's) is
 //! said, not guessed: such lines carry `attribution=ambiguous` and a worker naming both.
 
-use super::super::Status;
 use super::Reader;
 use super::fields::{Meaning, Raw, field_value, meaning};
 use super::logfmt::logfmt_fields;
+use racecert_core::contract::log::Status;
 use regex::Regex;
 use std::sync::LazyLock;
 

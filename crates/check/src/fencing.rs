@@ -11,8 +11,8 @@
 //!   its own newer attempt.
 
 use super::{Invariant, Violation, by_key};
-use crate::contract::fencing::{FenceOrder, Fencing};
-use crate::history::{AuditRow, History};
+use racecert_core::contract::fencing::{FenceOrder, Fencing};
+use racecert_history::{AuditRow, History};
 
 /// The fence value a row had before and after its write, as text.
 fn fence(row: &AuditRow, order: FenceOrder) -> (Option<String>, Option<String>) {

@@ -7,9 +7,9 @@
 //! interleavings of checkpoints it saw per worker pair. Coverage-guided exploration keeps the
 //! schedules that reached something new and mutates them, as coverage-guided fuzzers do.
 
-use crate::contract::log::Status;
-use crate::fault::{Effect, FaultKind, PartitionTarget};
-use crate::history::{EventKind, History, Observation};
+use racecert_core::contract::log::Status;
+use racecert_core::fault::{Effect, FaultKind, PartitionTarget};
+use racecert_history::{EventKind, History, Observation};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// Fault kinds applied in a run, and how often each reached its target path.

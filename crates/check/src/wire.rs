@@ -5,12 +5,12 @@
 //! Every violation carries the round trips that prove it.
 
 use super::{Invariant, Violation};
-use crate::contract::layout::KeyMatcher;
-use crate::contract::log::Status;
-use crate::fault::Effect;
-use crate::history::{Event, EventKind, History, Observation};
-use crate::wire::WireEvent;
-use crate::wire::{RedisReply, Reply, Request, RoundTrip};
+use racecert_core::contract::layout::KeyMatcher;
+use racecert_core::contract::log::Status;
+use racecert_core::fault::Effect;
+use racecert_history::{Event, EventKind, History, Observation};
+use racecert_wire::WireEvent;
+use racecert_wire::{RedisReply, Reply, Request, RoundTrip};
 use regex::Regex;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::OnceLock;
@@ -64,7 +64,7 @@ fn proof(event: &Event, wire: &WireEvent, namespace: Option<&str>) -> String {
     )
 }
 
-fn redis(trip: &RoundTrip) -> Option<(&crate::wire::RedisCommand, Option<&RedisReply>)> {
+fn redis(trip: &RoundTrip) -> Option<(&racecert_wire::RedisCommand, Option<&RedisReply>)> {
     match (&trip.request, &trip.reply) {
         (Request::Redis(command), Some(Reply::Redis(reply))) => Some((command, Some(reply))),
         (Request::Redis(command), None) => Some((command, None)),
@@ -106,7 +106,7 @@ fn positive(reply: Option<&RedisReply>) -> bool {
 struct WorkerVersions(HashMap<String, String>);
 
 impl WorkerVersions {
-    fn observe(&mut self, event: &crate::history::Event) {
+    fn observe(&mut self, event: &racecert_history::Event) {
         match &event.kind {
             EventKind::Harness(Observation::WorkerStarted { worker, version }) => {
                 self.0.insert(worker.clone(), version.clone());
@@ -469,7 +469,7 @@ pub(super) fn compute_waste_bounded(history: &History, keys: &KeyMatcher) -> Vec
                 }
             }
             (Request::Http(http), _) if wire.service.starts_with("backend:") => {
-                let call: Option<crate::contract::InferRequest> =
+                let call: Option<racecert_core::contract::InferRequest> =
                     serde_json::from_str(&http.body).ok();
                 let Some(job) = call.map(|c| c.idempotency_key).filter(|k| !k.is_empty()) else {
                     continue;
@@ -546,8 +546,8 @@ pub(super) fn drain_discipline(history: &History) -> Vec<Violation> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract::layout::KeyLayout;
-    use crate::wire::RedisCommand;
+    use racecert_core::contract::layout::KeyLayout;
+    use racecert_wire::RedisCommand;
 
     fn redis_trip(
         worker: &str,
@@ -709,7 +709,7 @@ mod tests {
     #[test]
     fn cache_entries_and_reads_are_judged_by_the_versions_they_name() {
         let matcher = KeyLayout::contract("c:").matcher();
-        let v1 = crate::contract::model_output("x", "v1");
+        let v1 = racecert_core::contract::model_output("x", "v1");
         let cross = history(vec![redis_trip(
             "a",
             "SETEX",
@@ -746,7 +746,7 @@ mod tests {
         // last start's version judged every read).
         let matcher = KeyLayout::contract("c:").matcher();
         let read = |version: &str| {
-            let output = crate::contract::model_output("x", version);
+            let output = racecert_core::contract::model_output("x", version);
             redis_trip(
                 "b",
                 "GET",
@@ -789,12 +789,12 @@ mod tests {
             signal: "SIGTERM".into(),
         });
         let requests = vec![
-            crate::history::SubmittedRequest {
+            racecert_history::SubmittedRequest {
                 request_id: "req-first".into(),
                 idempotency_key: "req-first".into(),
                 input: "first input".into(),
             },
-            crate::history::SubmittedRequest {
+            racecert_history::SubmittedRequest {
                 request_id: "req-next".into(),
                 idempotency_key: "req-next".into(),
                 input: "next input".into(),

@@ -3,14 +3,16 @@
 //! bypass: the Postgres audit trail filled by the trigger, and the model backends' request
 //! journals. The checkers read only this.
 
-use crate::Result;
-use crate::contract::JobRow;
-use crate::contract::JobStatus;
-use crate::contract::layout::KeyLayout;
-use crate::contract::log::{Echo, LogLine, LogSink, Status};
-use crate::fault::Effect;
-use crate::wire::JournalEntry;
-use crate::wire::{WireEvent, WireListener};
+#![deny(missing_docs)]
+
+use racecert_core::Result;
+use racecert_core::contract::JobRow;
+use racecert_core::contract::JobStatus;
+use racecert_core::contract::layout::KeyLayout;
+use racecert_core::contract::log::{Echo, LogLine, LogSink, Status};
+use racecert_core::fault::Effect;
+use racecert_wire::JournalEntry;
+use racecert_wire::{WireEvent, WireListener};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use std::collections::BTreeMap;
@@ -519,10 +521,10 @@ pub struct History {
     /// The statuses that end a job, as the system spells them (empty: the contract's).
     pub terminal: Vec<String>,
     /// A team's own fencing column, when its system file names one: its values are the audit
-    /// rows' generations ([`crate::contract::fencing::FenceOrder::Increasing`]) or lease tokens
-    /// ([`crate::contract::fencing::FenceOrder::Token`]), and the fencing invariants judge them
+    /// rows' generations ([`racecert_core::contract::fencing::FenceOrder::Increasing`]) or lease tokens
+    /// ([`racecert_core::contract::fencing::FenceOrder::Token`]), and the fencing invariants judge them
     /// as the team's (None: the contract's columns).
-    pub fencing: Option<crate::contract::fencing::Fencing>,
+    pub fencing: Option<racecert_core::contract::fencing::Fencing>,
     /// The server processes of the workers' Postgres connections, with the worker whose links
     /// carried each (connections can outlive a case: their startups are then not in its events).
     pub connections: BTreeMap<i32, String>,
@@ -637,7 +639,7 @@ where
         .fetch_one(pg)
         .await?;
     let parse = |what: &str, err: serde_json::Error| {
-        crate::Error::other(format!("reading the {what} of {of:?}: {err}"))
+        racecert_core::Error::other(format!("reading the {what} of {of:?}: {err}"))
     };
     Ok((
         serde_json::from_str(&audit).map_err(|e| parse("audit trail", e))?,
@@ -708,7 +710,7 @@ impl History {
         let mut by_pid = self.connections.clone();
         for event in &self.events {
             if let EventKind::Wire(wire) = &event.kind
-                && let crate::wire::Request::Postgres(crate::wire::PgRequest::Startup(startup)) =
+                && let racecert_wire::Request::Postgres(racecert_wire::PgRequest::Startup(startup)) =
                     &wire.trip.request
                 && let Some(pid) = startup.backend_pid
             {
