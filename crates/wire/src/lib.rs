@@ -10,7 +10,7 @@
 //! is bounded whatever the values' sizes (only what a summary needs is kept).
 //!
 //! ```no_run
-//! use racecert::wire::{Protocol, RoundTrip, WireTap};
+//! use racecert_wire::{Protocol, RoundTrip, WireTap};
 //! use std::sync::Arc;
 //!
 //! let tap = WireTap::builder("redis-w0", Protocol::Redis)

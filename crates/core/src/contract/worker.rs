@@ -9,8 +9,8 @@
 //! judge its writes and calls independently.
 //!
 //! ```no_run
-//! use racecert::contract::worker::{WorkerContext, WorkerFactory, WorkerUnderTest};
-//! use racecert::contract::delivery::Delivery;
+//! use racecert_core::contract::worker::{WorkerContext, WorkerFactory, WorkerUnderTest};
+//! use racecert_core::contract::delivery::Delivery;
 //! use std::sync::Arc;
 //!
 //! #[derive(Debug)]
@@ -19,7 +19,7 @@
 //! impl WorkerUnderTest for MyWorker {
 //!     fn id(&self) -> &str { &self.id }
 //!     fn model_version(&self) -> &str { &self.version }
-//!     fn process(&self, delivery: Delivery) -> racecert::contract::worker::BoxFuture<'_, racecert::Result<()>> {
+//!     fn process(&self, delivery: Delivery) -> racecert_core::contract::worker::BoxFuture<'_, racecert_core::Result<()>> {
 //!         Box::pin(async move { /* lease, take, cache, call, fenced write, ack */ let _ = delivery; Ok(()) })
 //!     }
 //! }
@@ -29,7 +29,7 @@
 //!
 //! impl WorkerFactory for MyFactory {
 //!     fn start<'a>(&'a self, ctx: WorkerContext<'a>)
-//!         -> racecert::contract::worker::BoxFuture<'a, racecert::Result<Arc<dyn WorkerUnderTest>>> {
+//!         -> racecert_core::contract::worker::BoxFuture<'a, racecert_core::Result<Arc<dyn WorkerUnderTest>>> {
 //!         Box::pin(async move {
 //!             Ok(Arc::new(MyWorker { id: ctx.spec.id.clone(), version: ctx.spec.version.clone() })
 //!                 as Arc<dyn WorkerUnderTest>)
