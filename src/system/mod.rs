@@ -635,6 +635,15 @@ impl System {
         })
     }
 
+    /// The framework's time limit for a job, when the file declares it (`[dramatiq]
+    /// time_limit_ms`): what the `time-limit` fault holds a model call past.
+    pub fn time_limit(&self) -> Option<Duration> {
+        self.dramatiq
+            .as_ref()
+            .and_then(|d| d.time_limit_ms)
+            .map(Duration::from_millis)
+    }
+
     /// The Dramatiq options, or an error saying they are missing.
     pub fn dramatiq(&self) -> Result<&DramatiqOptions> {
         self.dramatiq.as_ref().ok_or_else(|| {

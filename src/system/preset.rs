@@ -63,11 +63,7 @@ pub fn system_faults(system: &super::System) -> Vec<FaultKind> {
     if system.rollout.backend_switch {
         kinds.push(FaultKind::BackendSwitch);
     }
-    if system
-        .dramatiq
-        .as_ref()
-        .is_some_and(|d| d.time_limit_ms.is_some())
-    {
+    if system.time_limit().is_some() {
         kinds.push(FaultKind::TimeLimit);
     }
     kinds

@@ -141,16 +141,53 @@ fn names(history: &History) -> Vec<&str> {
         .collect()
 }
 
-/// When the first final write of any request came, in the history's milliseconds (None: none
-/// came, or the audit trail's clock is not placed).
-fn first_final(history: &History) -> Option<i64> {
+/// When each final write of any request came, in the history's milliseconds (none when the
+/// audit trail's clock is not placed).
+fn final_times(history: &History) -> Vec<i64> {
     history
         .audit
         .iter()
         .filter(|row| history.is_final(row))
         .filter_map(|row| history.written_at(row))
         .map(|ms| ms as i64)
-        .min()
+        .collect()
+}
+
+/// When the first final write of any request came, in the history's milliseconds (None: none
+/// came, or the audit trail's clock is not placed).
+fn first_final(history: &History) -> Option<i64> {
+    final_times(history).into_iter().min()
+}
+
+/// A model call (HTTP) that names one of the history's requests.
+struct ModelCall<'h> {
+    worker: &'h str,
+    sent: i64,
+    /// When it was answered, or when its connection ended without an answer.
+    ended: i64,
+    answered: bool,
+}
+
+/// The history's model calls of its requests, in the order recorded.
+fn model_calls(history: &History) -> Vec<ModelCall<'_>> {
+    let names = names(history);
+    history
+        .events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::Wire(wire)
+                if matches!(wire.trip.request, Request::Http(_)) && wire.trip.names_any(&names) =>
+            {
+                Some(ModelCall {
+                    worker: wire.worker.as_str(),
+                    sent: sent_ms(history, event, &wire.trip),
+                    ended: answered_ms(history, event, &wire.trip),
+                    answered: wire.trip.reply.is_some(),
+                })
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The round trips of the history that act on a request, with their worker and send and answer
@@ -348,17 +385,9 @@ fn cut_off(history: &History, worker: &str, at: i64) -> bool {
 /// Whether `worker` hung up on a model call of the request it had sent by `at`: the call's
 /// connection ended before any answer came (its own timeout gave up on it first).
 fn hung_up(history: &History, worker: &str, at: i64) -> bool {
-    let names = names(history);
-    history.events.iter().any(|event| match &event.kind {
-        EventKind::Wire(wire) => {
-            wire.worker == worker
-                && matches!(wire.trip.request, Request::Http(_))
-                && wire.trip.reply.is_none()
-                && wire.trip.names_any(&names)
-                && sent_ms(history, event, &wire.trip) <= at
-        }
-        _ => false,
-    })
+    model_calls(history)
+        .iter()
+        .any(|call| call.worker == worker && !call.answered && call.sent <= at)
 }
 
 /// Whether a model call of `worker`'s for the request, in flight at `at`, was answered, and yet
@@ -366,65 +395,30 @@ fn hung_up(history: &History, worker: &str, at: i64) -> bool {
 /// or the end: the attempt was interrupted after its answer arrived (a framework's time limit)
 /// and never wrote it. An attempt that goes on writes within moments of its answer.
 fn answer_dropped(history: &History, worker: &str, at: i64) -> bool {
-    let names = names(history);
-    let calls: Vec<(&str, i64, Option<i64>)> = history
-        .events
-        .iter()
-        .filter_map(|event| match &event.kind {
-            EventKind::Wire(wire)
-                if matches!(wire.trip.request, Request::Http(_)) && wire.trip.names_any(&names) =>
-            {
-                Some((
-                    wire.worker.as_str(),
-                    sent_ms(history, event, &wire.trip),
-                    wire.trip
-                        .reply
-                        .as_ref()
-                        .map(|_| answered_ms(history, event, &wire.trip)),
-                ))
-            }
-            _ => None,
-        })
-        .collect();
-    let finals: Vec<i64> = history
-        .audit
-        .iter()
-        .filter(|row| history.is_final(row))
-        .filter_map(|row| history.written_at(row))
-        .map(|ms| ms as i64)
-        .collect();
-    calls.iter().any(|(who, sent, answered)| {
-        let Some(answered) = *answered else {
-            return false;
-        };
-        if *who != worker || *sent > at || answered < at {
+    let calls = model_calls(history);
+    let finals = final_times(history);
+    calls.iter().any(|call| {
+        if call.worker != worker || !call.answered || call.sent > at || call.ended < at {
             return false;
         }
         let next = calls
             .iter()
-            .map(|(_, sent, _)| *sent)
-            .filter(|s| *s > answered)
+            .map(|later| later.sent)
+            .filter(|sent| *sent > call.ended)
             .min()
             .unwrap_or(i64::MAX);
-        !finals.iter().any(|done| *done >= answered && *done < next)
+        !finals
+            .iter()
+            .any(|done| *done >= call.ended && *done < next)
     })
 }
 
 /// Whether a model call of `worker`'s for the request, sent before `at`, lost its connection at
 /// or after `at` without an answer: the process that held it died holding it.
 fn died_in_call(history: &History, worker: &str, at: i64) -> bool {
-    let names = names(history);
-    history.events.iter().any(|event| match &event.kind {
-        EventKind::Wire(wire) => {
-            wire.worker == worker
-                && matches!(wire.trip.request, Request::Http(_))
-                && wire.trip.reply.is_none()
-                && wire.trip.names_any(&names)
-                && sent_ms(history, event, &wire.trip) <= at
-                && answered_ms(history, event, &wire.trip) >= at
-        }
-        _ => false,
-    })
+    model_calls(history)
+        .iter()
+        .any(|call| call.worker == worker && !call.answered && call.sent <= at && call.ended >= at)
 }
 
 #[cfg(test)]

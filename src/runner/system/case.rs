@@ -300,13 +300,13 @@ pub(super) async fn run_case(
     };
     // How long the first attempt's model call lasts: past what the fault needs, below the
     // worker's own model timeout (a slow model it waits for) unless the fault is that timeout.
-    let time_limit = system
-        .dramatiq
-        .as_ref()
-        .and_then(|d| d.time_limit_ms)
-        .map(Duration::from_millis);
-    let slow =
-        crate::system::preset::call_hold(fault, vt, orphan, system.model_timeout, time_limit);
+    let slow = crate::system::preset::call_hold(
+        fault,
+        vt,
+        orphan,
+        system.model_timeout,
+        system.time_limit(),
+    );
     idle_fleet(ctx).await?;
     prepare_fleet(ctx, fault).await?;
     let slow_guards = ctx.slow_models(slow).await?;
@@ -436,6 +436,21 @@ impl CaseCtx<'_, '_> {
         position
             .filter(|position| *position < self.aim.slow_guards.len())
             .map(|position| self.aim.slow_guards.remove(position))
+    }
+
+    /// Lets every later model call of the case answer at once (the slow programs released) and
+    /// notes on the diagram what the held first call was: `detail`, returned for the effect.
+    async fn later_calls_at_once(&mut self, worker: usize, detail: String) -> String {
+        release_all(std::mem::take(&mut self.aim.slow_guards)).await;
+        let id = self.worker_id(worker);
+        let version = self.fleet.workers[worker].version.clone();
+        self.note(
+            &format!("model {version}"),
+            &id,
+            format!("{detail}: later calls answer at once"),
+            "fault",
+        );
+        detail
     }
 
     /// Has worker `other` sweep: its start or a reconnect runs kombu's restore.
@@ -788,21 +803,12 @@ impl Plane for CaseCtx<'_, '_> {
         // another worker's) answer at once, while the first one is still being computed.
         let timeout = self.system.model_timeout;
         tokio::time::sleep(timeout + Duration::from_millis(300)).await;
-        release_all(std::mem::take(&mut self.aim.slow_guards)).await;
-        let id = self.worker_id(worker);
-        let version = self.fleet.workers[worker].version.clone();
         let detail = format!(
             "model answer held {} ms, past the worker's own timeout ({} ms)",
             self.aim.slow.as_millis(),
             timeout.as_millis()
         );
-        self.note(
-            &format!("model {version}"),
-            &id,
-            format!("{detail}: later calls answer at once"),
-            "fault",
-        );
-        Ok(Some(detail))
+        Ok(Some(self.later_calls_at_once(worker, detail).await))
     }
 
     async fn exceed_time_limit(&mut self, worker: usize) -> Result<Option<String>> {
@@ -811,29 +817,15 @@ impl Plane for CaseCtx<'_, '_> {
         let Some(started) = self.aim.call_started else {
             return Ok(None);
         };
-        let limit = self
-            .system
-            .dramatiq
-            .as_ref()
-            .and_then(|d| d.time_limit_ms)
-            .unwrap_or_default();
+        let limit = self.system.time_limit().unwrap_or_default().as_millis();
         tokio::time::sleep_until((started + self.aim.slow + Duration::from_millis(300)).into())
             .await;
-        release_all(std::mem::take(&mut self.aim.slow_guards)).await;
-        let id = self.worker_id(worker);
-        let version = self.fleet.workers[worker].version.clone();
         let detail = format!(
             "model answer held {} ms, past the job's time limit ({limit} ms), below the worker's own timeout ({} ms)",
             self.aim.slow.as_millis(),
             self.system.model_timeout.as_millis()
         );
-        self.note(
-            &format!("model {version}"),
-            &id,
-            format!("{detail}: later calls answer at once"),
-            "fault",
-        );
-        Ok(Some(detail))
+        Ok(Some(self.later_calls_at_once(worker, detail).await))
     }
 
     async fn partition_worker(&mut self, worker: usize) -> Result<Option<String>> {
