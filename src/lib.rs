@@ -330,4 +330,51 @@ mod layering {
         assert!(wrong.is_empty(), "{}", wrong.join("\n"));
         assert_eq!(seen.len(), CRATES.len(), "crates found: {seen:?}");
     }
+
+    /// `cargo build` resolves features without the dev-dependencies, `cargo test` with them; a
+    /// crate the two resolve with different features is compiled twice, with everything above
+    /// it (one hashbrown feature rebuilt all 512 units, 4 minutes). Pins in the manifest keep
+    /// the two sets equal; this says which crate to pin when a dependency changes them.
+    #[test]
+    fn build_and_test_resolve_every_shared_crate_with_one_feature_set() {
+        let tree = |edges: Option<&str>| -> std::collections::BTreeSet<String> {
+            let mut cmd = std::process::Command::new(env!("CARGO"));
+            cmd.args(["tree", "--frozen", "-p", "racecert", "--prefix", "none"])
+                .args(["-f", "{p} [{f}]"])
+                .current_dir(env!("CARGO_MANIFEST_DIR"));
+            if let Some(edges) = edges {
+                cmd.args(["-e", edges]);
+            }
+            let out = cmd.output().expect("cargo tree runs");
+            assert!(
+                out.status.success(),
+                "cargo tree: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(|line| line.trim_end_matches(" (*)").to_owned())
+                .collect()
+        };
+        let build = tree(Some("no-dev"));
+        let test = tree(None);
+        let package = |line: &str| line.split(" [").next().unwrap_or_default().to_owned();
+        let differ: Vec<String> = build
+            .iter()
+            .filter(|line| !test.contains(*line))
+            .map(|line| {
+                let theirs = test
+                    .iter()
+                    .find(|t| package(t) == package(line))
+                    .map_or("absent", String::as_str);
+                format!("build: {line}\n test: {theirs}")
+            })
+            .collect();
+        assert!(
+            differ.is_empty(),
+            "crates whose features differ between `cargo build` and `cargo test` (declare the \
+             test's features in the racecert crate's [dependencies]):\n{}",
+            differ.join("\n")
+        );
+    }
 }

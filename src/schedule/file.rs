@@ -9,7 +9,7 @@ use crate::check::Invariant;
 use crate::contract::defect::Defect;
 use crate::contract::worker::WorkerSpec;
 use crate::fault::FaultKind;
-use crate::schedule::{Schedule, Step, WireStep};
+use crate::schedule::{Schedule, Step, WireStep, previous};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -120,15 +120,47 @@ impl ScheduleFile {
     }
 
     /// Reads a schedule file; a bad one is refused with `file:line:column` and what was wrong.
+    /// A file of the previous release ([`previous`]) is converted on load.
     pub fn read(path: &Path) -> Result<ScheduleFile> {
-        let file: ScheduleFile = read_json(path, "schedule file")?;
-        if file.format != FORMAT {
-            return Err(Error::Config(format!(
-                "{}: format {:?}, expected {FORMAT:?}",
-                path.display(),
-                file.format
-            )));
+        let text = std::fs::read_to_string(path).map_err(|err| Error::io_at(path, err))?;
+        /// Only the tag, to know which types to read the rest with.
+        #[derive(Deserialize)]
+        struct Tag {
+            format: Option<String>,
         }
+        let tag: Tag = parse_json(path, &text, "schedule file")?;
+        let file: ScheduleFile = match tag.format.as_deref() {
+            Some(FORMAT) => parse_json(path, &text, "schedule file")?,
+            Some(previous::IN_PROCESS) => {
+                let old: previous::InProcessFile =
+                    parse_json(path, &text, "schedule file of the previous release")?;
+                tracing::info!(file = %path.display(), format = previous::IN_PROCESS, "converted a schedule file of the previous release");
+                old.into()
+            }
+            Some(previous::WIRE) => {
+                let old: previous::WireFile =
+                    parse_json(path, &text, "wire schedule file of the previous release")?;
+                tracing::info!(file = %path.display(), format = previous::WIRE, "converted a schedule file of the previous release");
+                old.into()
+            }
+            Some(other) => {
+                return Err(Error::Config(format!(
+                    "{}: format {other:?} is not one this release reads: it reads {FORMAT:?} and \
+                     converts the previous release's {:?} and {:?}; replay it with the release \
+                     that wrote it",
+                    path.display(),
+                    previous::IN_PROCESS,
+                    previous::WIRE,
+                )));
+            }
+            None => {
+                return Err(Error::Config(format!(
+                    "{}: no \"format\": not a racecert schedule file (they start with \
+                     \"format\": {FORMAT:?})",
+                    path.display()
+                )));
+            }
+        };
         let (workers, steps) = match &file.runner {
             RunnerSpec::InProcess {
                 workers, schedule, ..
@@ -153,10 +185,9 @@ impl ScheduleFile {
     }
 }
 
-/// Reads a JSON file of `what`; a bad one is refused with `file:line:column`.
-pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<T> {
-    let text = std::fs::read_to_string(path).map_err(|err| Error::io_at(path, err))?;
-    serde_json::from_str(&text).map_err(|err| {
+/// Parses `text`, read from `path`, as a `what`; refused with `file:line:column`.
+fn parse_json<T: serde::de::DeserializeOwned>(path: &Path, text: &str, what: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|err| {
         Error::Config(format!(
             "{}:{}:{}: not a {what}: {err}",
             path.display(),
@@ -312,13 +343,13 @@ mod tests {
                 .to_string()
                 .contains("needs workers and steps")
         );
-        file.format = "racecert-schedule/1".into();
+        file.format = "racecert-schedule/3".into();
         file.write(&path).unwrap();
         assert!(
             ScheduleFile::read(&path)
                 .unwrap_err()
                 .to_string()
-                .contains("expected \"racecert-schedule/2\"")
+                .contains("it reads \"racecert-schedule/2\"")
         );
         std::fs::remove_dir_all(dir).unwrap();
     }

@@ -3,7 +3,8 @@
 //! workers in process from checkpoint to checkpoint ([`crate::runner::controlled`]), [`WireStep`]s
 //! release worker processes' round trips ([`crate::runner::wire`]), a [`FaultKind`] is a team's
 //! framework fault ([`crate::runner::system`]). [`search`] makes the cases of every runner,
-//! [`shrink`] makes a failure minimal, [`file`] writes any of them as one kind of file.
+//! [`shrink`] makes a failure minimal, [`file`] writes any of them as one kind of file, and
+//! [`previous`] reads the previous release's files into it.
 //!
 //! A checkpoint step moves one worker to a checkpoint, lets it complete N round trips and holds
 //! it between two statements, crashes it, or applies a fault. An idle worker told to run first
@@ -16,6 +17,7 @@
 
 pub mod aimed;
 pub mod file;
+pub mod previous;
 pub mod search;
 pub mod shrink;
 
