@@ -131,18 +131,7 @@ impl ScheduleFile {
         let tag: Tag = parse_json(path, &text, "schedule file")?;
         let file: ScheduleFile = match tag.format.as_deref() {
             Some(FORMAT) => parse_json(path, &text, "schedule file")?,
-            Some(previous::IN_PROCESS) => {
-                let old: previous::InProcessFile =
-                    parse_json(path, &text, "schedule file of the previous release")?;
-                tracing::info!(file = %path.display(), format = previous::IN_PROCESS, "converted a schedule file of the previous release");
-                old.into()
-            }
-            Some(previous::WIRE) => {
-                let old: previous::WireFile =
-                    parse_json(path, &text, "wire schedule file of the previous release")?;
-                tracing::info!(file = %path.display(), format = previous::WIRE, "converted a schedule file of the previous release");
-                old.into()
-            }
+            Some(old) if let Some(file) = previous::convert(path, &text, old) => file?,
             Some(other) => {
                 return Err(Error::Config(format!(
                     "{}: format {other:?} is not one this release reads: it reads {FORMAT:?} and \
@@ -186,7 +175,11 @@ impl ScheduleFile {
 }
 
 /// Parses `text`, read from `path`, as a `what`; refused with `file:line:column`.
-fn parse_json<T: serde::de::DeserializeOwned>(path: &Path, text: &str, what: &str) -> Result<T> {
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    text: &str,
+    what: &str,
+) -> Result<T> {
     serde_json::from_str(text).map_err(|err| {
         Error::Config(format!(
             "{}:{}:{}: not a {what}: {err}",

@@ -4,18 +4,40 @@
 //! and three steps, `expire`, `kill` and `stop`, that are faults today). Their types are kept
 //! here as that release spelled them, and each converts to a [`ScheduleFile`] of its runner.
 
+use crate::Result;
 use crate::check::Invariant;
 use crate::contract::defect::Defect;
 use crate::contract::worker::WorkerSpec;
 use crate::fault::Fault;
-use crate::schedule::file::{Found, RunnerSpec, ScheduleFile};
+use crate::schedule::file::{Found, RunnerSpec, ScheduleFile, parse_json};
 use crate::schedule::{Schedule, Step, WireStep};
 use serde::Deserialize;
+use std::path::Path;
 
 /// The previous release's file of workers in process.
 pub const IN_PROCESS: &str = "racecert-schedule/1";
 /// The previous release's file of worker processes held at their round trips.
 pub const WIRE: &str = "racecert-wire-schedule/1";
+
+/// `text`, read from `path`, converted to today's format, if `format` is one of the previous
+/// release's (`None` if not); a file that does not parse as its format is refused at its line.
+pub(crate) fn convert(path: &Path, text: &str, format: &str) -> Option<Result<ScheduleFile>> {
+    let file = match format {
+        IN_PROCESS => {
+            parse_json::<InProcessFile>(path, text, "schedule file of the previous release")
+                .map(ScheduleFile::from)
+        }
+        WIRE => parse_json::<WireFile>(path, text, "wire schedule file of the previous release")
+            .map(ScheduleFile::from),
+        _ => return None,
+    };
+    tracing::info!(
+        file = %path.display(),
+        format,
+        "converting a schedule file of the previous release"
+    );
+    Some(file)
+}
 
 /// A file of format [`IN_PROCESS`]: the in-process runner's, with its settings at the top.
 #[derive(Debug, Deserialize)]
