@@ -188,6 +188,9 @@ class Config:
     def active_version_key(self) -> str:
         return f"{self.key_prefix}inference:active_model_version"
 
+    def progress_key(self, idempotency_key: str) -> str:
+        return f"{self.key_prefix}inference:progress:{idempotency_key}"
+
     def cache_key(self, normalized_input: str, version: str | None = None) -> str:
         v = version or self.model_version
         digest = hashlib.sha256(f"{normalized_input}:{v}".encode("utf-8")).hexdigest()
@@ -269,6 +272,8 @@ class Bugs:
     late_write_without_token: bool = False  # lease checked by GET, then a write without the token
     lease_ttl_in_seconds: bool = False  # the TTL in milliseconds passed as seconds (EX)
     no_ack_when_completed: bool = False  # a delivery of a completed job is never acknowledged
+    renew_after_get: bool = False  # lease checked with GET, then extended with PEXPIRE
+    progress_hash: bool = False  # not a bug: each stage mirrored into a Redis hash (longer jobs)
 
 
 class Worker:
@@ -450,6 +455,7 @@ class Worker:
                 return
             generation = int(row[0])
             self.log("INFO", a, "job_taken", generation=generation)
+            self.progress(key, "taken")
             if self.bugs.ack_on_receive:
                 # The message is "safe": the row says IN_PROGRESS. Unless this process dies
                 # before the final write, which nothing will ever redeliver.
@@ -465,6 +471,7 @@ class Worker:
             else:
                 self.log("INFO", a, "cache_miss")
                 self.log("INFO", a, "inference_started")
+                self.progress(key, "inference")
                 try:
                     output = self.call_backend(job_input, key, d.receive_count, a)
                 except UpstreamError as err:
@@ -477,12 +484,22 @@ class Worker:
                     write_key = c.cache_key(job_input, live)
                 self.redis.setex(write_key, CACHE_TTL_S, output)
                 self.log("INFO", a, "cache_written")
+                self.progress(key, "cached")
 
             if self.bugs.renew_without_check:
                 # "Make sure the lease outlives the write": extended with a plain SET XX, which
                 # also overwrites a lease another worker took after ours ran out.
                 self.redis.set(lease_key, token, xx=True, px=c.lease_ttl_ms)
                 self.log("INFO", a, "lease_renewed")
+
+            self.progress(key, "writing")
+            if self.bugs.renew_after_get:
+                # "Renew only while it is ours": a GET, then a PEXPIRE, two round trips. The lease
+                # can run out and pass to another worker between them, and the PEXPIRE then
+                # extends that worker's lease (three ordered steps: a check, a takeover, a renew).
+                if self.redis.get(lease_key) == token:
+                    self.redis.pexpire(lease_key, c.lease_ttl_ms)
+                    self.log("INFO", a, "lease_renewed")
 
             # Final write, then ack after commit, then release.
             if self.unfenced:
@@ -510,6 +527,12 @@ class Worker:
                 except (redis.exceptions.RedisError, OSError):
                     pass  # the lease expires by its TTL
             self.pause_after_error()
+
+    def progress(self, key: str, stage: str) -> None:
+        """With --progress-hash, the stage a job is at, for a dashboard: one HSET per stage."""
+        if self.bugs.progress_hash:
+            self.redis.hset(self.config.progress_key(key),
+                            mapping={"stage": stage, "worker": self.config.worker_id})
 
     def call_backend(self, job_input: str, key: str, attempt: int, a: Attempt) -> str:
         c = self.config
@@ -686,6 +709,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--fence-on-status", action="store_true",
                         help="fence the final write on the status, not the lease token "
                              "(a race of three ordered steps)")
+    parser.add_argument("--renew-after-get", action="store_true",
+                        help="check the lease with GET, then extend it with PEXPIRE "
+                             "(a race of three ordered steps)")
+    parser.add_argument("--progress-hash", action="store_true",
+                        help="mirror each stage into a Redis hash: more round trips per job, "
+                             "no bug of its own")
     args = parser.parse_args(argv)
     try:
         config = Config.from_env(dict(os.environ))
@@ -705,6 +734,8 @@ def main(argv: list[str]) -> int:
         late_write_without_token=args.late_write_without_token,
         lease_ttl_in_seconds=args.lease_ttl_in_seconds,
         no_ack_when_completed=args.no_ack_when_completed,
+        renew_after_get=args.renew_after_get,
+        progress_hash=args.progress_hash,
     ))
 
     def drain(signum: int, _frame: object) -> None:

@@ -89,7 +89,8 @@ pub struct CertifyArgs {
     /// Fleet runs for --worker-cmd (stops at the first violation).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub rounds: u32,
-    /// Seconds of wire schedules for --worker-cmd before the fleet runs (0: fleet only).
+    /// Seconds of wire schedules for --worker-cmd before the fleet runs (0: fleet only). The
+    /// depth-2 and depth-3 enumerations are not cut short by it: they may take up to twice it.
     #[arg(long, default_value_t = 90, value_name = "SECS")]
     pub wire_budget: u64,
     /// Certify a worker racecert did not write, from its system description

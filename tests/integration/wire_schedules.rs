@@ -191,8 +191,9 @@ async fn the_seeds_unfenced_write_is_found_through_wire_schedules(
 /// Two bugs that need three ordered steps of two workers (A takes the job; its lease expires and B
 /// takes it; A acts again while B still holds it): a lease renewed with `SET XX` and no token
 /// check overwrites B's live lease; a final write fenced on the status alone lands over B's
-/// IN_PROGRESS row with a generation that does not increase. The depth-2 enumeration lets B
-/// finish before A goes on, so neither shows there; the depth-3 one finds both.
+/// IN_PROGRESS row with a generation that does not increase; a lease checked with GET and then
+/// extended with PEXPIRE extends B's lease. The depth-2 enumeration lets B finish before A goes
+/// on, so none shows there; the depth-3 one finds them.
 async fn races_of_three_ordered_steps_are_found_at_depth_three(
     bed: &TestBed,
 ) -> anyhow::Result<()> {
@@ -201,6 +202,10 @@ async fn races_of_three_ordered_steps_are_found_at_depth_three(
     for (flag, invariant) in [
         ("--renew-without-check", "lease-discipline"),
         ("--fence-on-status", "generations-increase"),
+        // A job longer than the depth-2 enumeration's first runs (a stage mirrored into a hash
+        // at every step): the check and the renew sit past its 14th round trip, where only the
+        // points of the whole job reach.
+        ("--renew-after-get --progress-hash", "lease-discipline"),
     ] {
         let command = format!("{} {flag}", python_command().await?);
         let settings = WireSettings::pair(&command);
@@ -215,7 +220,7 @@ async fn races_of_three_ordered_steps_are_found_at_depth_three(
             found.shrunk.text("found")
         );
         eprintln!(
-            "    {flag:<22} found at case {} after {:.1?}: {} ({} steps)",
+            "    {flag:<34} found at case {} after {:.1?}: {} ({} steps)",
             found.found_after.0,
             found.found_after.1,
             broke.join(", "),

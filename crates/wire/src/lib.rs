@@ -33,8 +33,10 @@ mod redis;
 #[cfg(test)]
 mod tests;
 mod text;
+mod touch;
 
 pub use redis::command_keys;
+pub use touch::{Touch, redis_reads_only, touches};
 
 use futures::future::BoxFuture;
 pub use noxious::tap::Release;

@@ -208,88 +208,117 @@ async fn run_on(
 }
 
 /// Runs one PCT case of `plan` over `requests` on the processes of `case`: at every decision the
-/// highest-priority runnable worker releases its next round trip; at a change point the running
-/// worker's priority drops below everyone's and the plan's fault may land. The outcome's schedule
-/// is the steps taken (runs of one worker grouped), replayable as a fixed case.
+/// highest-priority runnable worker releases its next round trip. Before the round trip that
+/// reaches a change point (counting the round trips the plan counts: those on what a job writes,
+/// once the search knows a job), the worker about to send it drops below everyone and the plan's
+/// fault may land. The outcome's schedule is the steps taken (runs of one worker grouped),
+/// replayable as a fixed case.
 async fn pct_on(
     case: &mut Case<'_>,
     bed: &TestBed,
     requests: &[RequestSpec],
     plan: &PctPlan,
 ) -> Result<WireOutcome> {
-    let n = case.workers();
     let mut priority = plan.priority.clone();
     case.begin(requests).await?;
-    let mut steps: Vec<WireStep> = Vec::new();
-    let mut counted = 0u32;
-    let mut run: Option<(usize, u32, Vec<String>)> = None;
+    let mut taken = Taken::default();
+    let (mut released, mut counted) = (0u32, 0u32);
+    // The worker whose held round trip was counted already (it reached a change point, was
+    // lowered, and is not counted again when it next runs).
+    let mut counted_pending: Option<usize> = None;
     // Where a PCT case's time goes (`RUST_LOG=racecert::runner::wire=debug`): choosing, releasing.
     let (mut choosing, mut releasing, mut decisions) = (Duration::ZERO, Duration::ZERO, 0u32);
     let result: Result<()> = async {
-        while counted < plan.bound() {
+        while released < plan.bound() {
             let decided = std::time::Instant::now();
             if crate::interrupt::requested().is_some() {
                 break;
             }
-            // The highest-priority runnable worker.
-            let mut candidates: Vec<usize> = (0..n).collect();
-            candidates.sort_by_key(|w| std::cmp::Reverse(priority[*w]));
-            let mut chosen = None;
-            for worker in candidates {
-                if case.runnable(worker).await?.is_ok() {
-                    chosen = Some(worker);
-                    break;
-                }
-            }
+            let chosen = highest_runnable(case, &priority).await?;
             choosing += decided.elapsed();
-            let Some(worker) = chosen else { break };
+            let Some((worker, print)) = chosen else { break };
             decisions += 1;
-            if run.as_ref().is_some_and(|(w, _, _)| *w != worker) {
-                let (w, trips, prints) = run.take().expect("run");
-                let step = WireStep::Run { worker: w, trips };
-                steps.push(step.clone());
-                case.record_generated(step, prints);
-            }
-            let released = std::time::Instant::now();
-            let outcome = case.release(worker).await;
-            releasing += released.elapsed();
-            if let Released::Trips(prints) = outcome {
+            if counted_pending != Some(worker) && plan.counts(&print) {
                 counted += 1;
-                let entry = run.get_or_insert((worker, 0, Vec::new()));
-                entry.1 += 1;
-                entry.2.extend(prints);
+                counted_pending = Some(worker);
                 if let Some(i) = plan.change_at(counted) {
                     priority[worker] = plan.lowered(i);
-                    if let Some((w, trips, prints)) = run.take() {
-                        let step = WireStep::Run { worker: w, trips };
-                        steps.push(step.clone());
-                        case.record_generated(step, prints);
-                    }
+                    taken.flush(case);
                     if let Some(fault) = plan.step_at(i, worker) {
                         case.step(&fault).await?;
-                        steps.push(fault);
+                        taken.steps.push(fault);
+                        // A crash replaced the worker: its held round trip is a new one.
+                        counted_pending = None;
                     }
+                    continue;
                 }
             }
+            if taken.run.as_ref().is_some_and(|(w, _, _)| *w != worker) {
+                taken.flush(case);
+            }
+            let started = std::time::Instant::now();
+            let outcome = case.release(worker).await;
+            releasing += started.elapsed();
+            if counted_pending == Some(worker) {
+                counted_pending = None;
+            }
+            if let Released::Trips(prints) = outcome {
+                released += 1;
+                let entry = taken.run.get_or_insert((worker, 0, Vec::new()));
+                entry.1 += 1;
+                entry.2.extend(prints);
+            }
         }
-        if let Some((w, trips, prints)) = run.take() {
-            let step = WireStep::Run { worker: w, trips };
-            steps.push(step.clone());
-            case.record_generated(step, prints);
-        }
+        taken.flush(case);
         Ok(())
     }
     .await;
     tracing::debug!(
         decisions,
+        released,
         counted,
         choosing_us = choosing.as_micros() as u64,
         releasing_us = releasing.as_micros() as u64,
         "wire pct case"
     );
     let requests = requests.to_vec();
+    let steps = taken.steps;
     let outcome = case.finish(bed, Schedule { requests, steps }, None).await?;
     result.map(|()| outcome)
+}
+
+/// The highest-priority runnable worker of `case` and the fingerprint of its held round trip.
+async fn highest_runnable(
+    case: &mut Case<'_>,
+    priority: &[usize],
+) -> Result<Option<(usize, String)>> {
+    let mut candidates: Vec<usize> = (0..case.workers()).collect();
+    candidates.sort_by_key(|w| std::cmp::Reverse(priority[*w]));
+    for worker in candidates {
+        if let Ok(print) = case.runnable(worker).await? {
+            return Ok(Some((worker, print)));
+        }
+    }
+    Ok(None)
+}
+
+/// The steps a PCT case took so far, and the run of one worker in progress (its worker, counted
+/// round trips, fingerprints).
+#[derive(Default)]
+struct Taken {
+    steps: Vec<WireStep>,
+    run: Option<(usize, u32, Vec<String>)>,
+}
+
+impl Taken {
+    /// Ends the run in progress: a `Run` step, recorded with its fingerprints.
+    fn flush(&mut self, case: &mut Case<'_>) {
+        if let Some((worker, trips, prints)) = self.run.take() {
+            let step = WireStep::Run { worker, trips };
+            self.steps.push(step.clone());
+            case.record_generated(step, prints);
+        }
+    }
 }
 
 /// The wire runner over one set of processes, shared by the cases of a search (one at a time:
@@ -336,7 +365,8 @@ impl Runner for WireRunner<'_> {
 pub struct WireSearch {
     /// Seed (PCT plans, the order of the enumeration).
     pub seed: u64,
-    /// Wall-clock budget of the search (shrinking excluded).
+    /// Wall-clock budget of the search (shrinking excluded); the enumerations run to their end
+    /// past it, up to [`BUDGET_STRETCH`](crate::schedule::search::BUDGET_STRETCH) times it.
     pub budget: Duration,
     /// Most cases (by default none: the budget ends the search, as it ends a certification's
     /// suites; set it to reproduce a search exactly).
@@ -363,7 +393,9 @@ impl WireSearch {
             budget: Duration::from_secs(90),
             cases: u32::MAX,
             requests: 1,
-            depth_two_steps: 14,
+            // Counts past a job's end are skipped once one came short, so this bounds long
+            // jobs, not the cases of short ones.
+            depth_two_steps: 40,
             depth_three: true,
             // Bugs of three ordered steps of two workers need two change points.
             pct: Pct {

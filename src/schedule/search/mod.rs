@@ -236,6 +236,14 @@ pub trait Source<S>: Send {
         Ok(())
     }
 
+    /// Whether the source is inside a systematic enumeration the time budget should not cut
+    /// short: while it is, the search goes on past its budget, up to [`BUDGET_STRETCH`] times
+    /// it. A PASS then means every schedule of the enumerated depth ran, however long the
+    /// worker's jobs are, not only those that fitted in the budget.
+    fn owes(&self) -> bool {
+        false
+    }
+
     /// For a generated case, its number as `racecert run --case` counts it (None: it has no
     /// number, and its schedule file replays it).
     fn case_number(&self, origin: Origin) -> Option<u32> {
@@ -243,6 +251,10 @@ pub trait Source<S>: Send {
         None
     }
 }
+
+/// How far past its time budget a search runs while its source [owes](Source::owes) the rest of
+/// an enumeration.
+pub const BUDGET_STRETCH: u32 = 2;
 
 /// Called after every case with the number of cases run so far.
 #[derive(Clone)]
@@ -505,10 +517,10 @@ async fn screen<R: Runner>(
                 done = true;
                 continue;
             }
-            if config
-                .time_budget
-                .is_some_and(|budget| started.elapsed() >= budget)
-            {
+            if config.time_budget.is_some_and(|budget| {
+                let elapsed = started.elapsed();
+                elapsed >= budget && !(source.owes() && elapsed < budget * BUDGET_STRETCH)
+            }) {
                 screened.budget_exhausted = true;
                 done = true;
                 continue;

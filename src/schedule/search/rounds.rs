@@ -37,6 +37,11 @@ pub struct PctPlan {
     pub changes: Vec<u32>,
     /// What lands at each change point.
     pub faults: Vec<Option<AtChange>>,
+    /// What a job writes (keys, tables; see [`conflict_points`]): when known, change points
+    /// count only the round trips that touch one of them, the points where an order can matter,
+    /// so `k` is the case's conflict points, not all its round trips. Empty: every round trip
+    /// counts.
+    pub aim: Vec<String>,
 }
 
 impl PctPlan {
@@ -74,12 +79,27 @@ impl PctPlan {
             priority,
             changes,
             faults,
+            aim: Vec::new(),
         }
     }
 
-    /// Counted round trips the plan runs at most.
+    /// The plan aimed at the round trips that touch `written` (a job's written resources).
+    pub fn aimed(mut self, written: Vec<String>) -> PctPlan {
+        self.aim = written;
+        self
+    }
+
+    /// Whether the round trip of fingerprint `print` counts toward a change point.
+    pub fn counts(&self, print: &str) -> bool {
+        self.aim.is_empty()
+            || crate::wire::touches(print)
+                .iter()
+                .any(|t| self.aim.contains(&t.resource))
+    }
+
+    /// Round trips the plan runs at most (the free run after it finishes the jobs).
     pub fn bound(&self) -> u32 {
-        self.pct.steps.max(2) * 3
+        (self.pct.steps.max(2) * 3).max(120)
     }
 
     /// The change point reached after `counted` round trips, if one is: its index.
@@ -167,6 +187,32 @@ fn run_shape(schedule: &Schedule<WireStep>) -> Option<(u32, Schedule<WireStep>)>
     Some((*trips, shape))
 }
 
+/// The longest job one worker did in `outcome`: per worker, the round trips of its steps in
+/// order, in a case where no fault broke a job in two (a worker preempted and resumed still does
+/// one job). A job's round trips past the first run are where its late writes are, so the
+/// depth-3 points come from the whole job, not from the depth-2 enumeration's first runs.
+fn longest_job(outcome: &super::Outcome<WireStep>) -> Option<Vec<String>> {
+    let steps = &outcome.schedule.steps;
+    if steps.iter().any(|s| matches!(s, WireStep::Fault(_))) {
+        return None;
+    }
+    let worker_of = |step: &WireStep| match step {
+        WireStep::Run { worker, .. }
+        | WireStep::Until { worker, .. }
+        | WireStep::Finish { worker } => Some(*worker),
+        WireStep::Fault(_) => None,
+    };
+    let mut jobs: std::collections::BTreeMap<usize, Vec<String>> = Default::default();
+    for (step, trips) in steps.iter().zip(&outcome.trace) {
+        if let Some(worker) = worker_of(step) {
+            jobs.entry(worker)
+                .or_default()
+                .extend(trips.iter().cloned());
+        }
+    }
+    jobs.into_values().max_by_key(Vec::len)
+}
+
 /// The fault a depth-bounded schedule applies, if any (what round-robin ordering groups by).
 fn fault_of(schedule: &Schedule<WireStep>) -> Option<crate::fault::FaultKind> {
     schedule.steps.iter().find_map(|step| match step {
@@ -175,56 +221,34 @@ fn fault_of(schedule: &Schedule<WireStep>) -> Option<crate::fault::FaultKind> {
     })
 }
 
-/// What a round trip touches, from its fingerprint: the key or table, and whether it writes it.
-/// Queue polls, backend calls and set-up touch nothing another worker's job order depends on.
-fn resource(print: &str) -> Option<(String, bool)> {
-    const WRITES: [&str; 16] = [
-        "SET", "SETEX", "PSETEX", "SETNX", "GETSET", "GETDEL", "DEL", "UNLINK", "EXPIRE",
-        "PEXPIRE", "EVAL", "EVALSHA", "FCALL", "XACK", "XCLAIM", "EXEC",
-    ];
-    if let Some(rest) = print.strip_prefix("redis ") {
-        let mut words = rest.split_whitespace();
-        let command = words.next()?;
-        let key = words.next()?;
-        if matches!(command, "XREADGROUP" | "XAUTOCLAIM" | "XPENDING" | "XINFO") {
-            return None;
-        }
-        return Some((key.to_owned(), WRITES.contains(&command)));
-    }
-    if let Some(rest) = print.strip_prefix("postgres [") {
-        let verb = rest.split_whitespace().next()?;
-        let tables = rest.split_once(' ')?.1.split(" | ").next()?;
-        if tables.is_empty() {
-            return None;
-        }
-        let write = verb != "SELECT" || rest.contains("FOR UPDATE");
-        return Some((tables.to_owned(), write));
-    }
-    None
-}
-
 /// The points of a job's round trips where preempting its worker can matter (partial-order
 /// reduction): before a round trip on a key or table that some round trip of a job writes.
 /// Round trips on anything else commute with the other worker's, so stopping before them gives
 /// no order that stopping elsewhere does not; skipping them keeps depth 3 affordable.
 pub fn conflict_points(prints: &[String]) -> Vec<u32> {
-    let touched: Vec<Option<(String, bool)>> = prints.iter().map(|p| resource(p)).collect();
-    let written: std::collections::BTreeSet<&str> = touched
-        .iter()
-        .flatten()
-        .filter(|(_, write)| *write)
-        .map(|(resource, _)| resource.as_str())
-        .collect();
-    touched
+    let written = written(prints);
+    prints
         .iter()
         .enumerate()
-        .filter(|(i, t)| {
+        .filter(|(i, print)| {
             *i > 0
-                && t.as_ref()
-                    .is_some_and(|(r, _)| written.contains(r.as_str()))
+                && crate::wire::touches(print)
+                    .iter()
+                    .any(|t| written.contains(&t.resource))
         })
         .map(|(i, _)| i as u32)
         .collect()
+}
+
+/// What some round trip of a job writes (keys, tables, transaction commits), in name order.
+pub fn written(prints: &[String]) -> Vec<String> {
+    let set: std::collections::BTreeSet<String> = prints
+        .iter()
+        .flat_map(|p| crate::wire::touches(p))
+        .filter(|t| t.write)
+        .map(|t| t.resource)
+        .collect();
+    set.into_iter().collect()
 }
 
 /// Every depth-3 schedule over `points`: worker `a` runs to point `p`, its lease expires (and its
@@ -375,6 +399,13 @@ impl RoundSource {
         })
     }
 
+    /// Whether enumerated schedules are left: the depth-2 ones, or the depth-3 ones (planned
+    /// once the depth-2 ones are done).
+    fn enumerating(&self) -> bool {
+        self.enumerated.len() > 0
+            || (self.rounds.depth_three && self.third.as_ref().is_none_or(|third| third.len() > 0))
+    }
+
     /// Enumerated schedules skipped as repeats of cases already run.
     pub fn skipped(&self) -> u32 {
         self.skipped
@@ -390,9 +421,19 @@ impl Source<WireStep> for RoundSource {
         self.rounds.cases as usize
     }
 
-    /// Learns the round trips of a job (the longest first run of a worker seen so far), and
-    /// which shapes' first runs came short of their count.
+    fn owes(&self) -> bool {
+        self.enumerating()
+    }
+
+    /// Learns the round trips of a job (the longest one worker's steps made in a case without a
+    /// fault, or the longest first run of a worker), and which shapes' first runs came short of
+    /// their count.
     fn observe(&mut self, _case: usize, outcome: &super::Outcome<WireStep>) {
+        if let Some(job) = longest_job(outcome)
+            && job.len() > self.job.len()
+        {
+            self.job = job;
+        }
         let (Some((trips, shape)), Some(first)) =
             (run_shape(&outcome.schedule), outcome.trace.first())
         else {
@@ -439,12 +480,21 @@ impl Source<WireStep> for RoundSource {
                 Origin::Generated { index: case },
             )));
         }
+        // Aimed at a job's conflict points once a job is known: `k` is then the conflict round
+        // trips of a case (each worker's job, one after another at worst), and PCT's bound,
+        // 1 / (n k^(d-1)), is over those, not over every poll and backend call.
+        let points = conflict_points(&self.job).len() as u32;
+        let mut pct = self.rounds.pct;
+        if points > 0 {
+            pct.steps = (points * self.rounds.workers as u32).max(2);
+        }
         let plan = PctPlan::draw(
-            self.rounds.pct,
+            pct,
             self.rounds.workers,
             self.requests.len(),
             self.rng.random(),
-        );
+        )
+        .aimed(written(&self.job));
         Ok(Some((
             Case::Pct {
                 requests: self.requests.clone(),
@@ -563,6 +613,45 @@ mod tests {
         // 2 x 2 points x 2 ordered pairs, each two preemptions around an expiry.
         assert_eq!(all.len(), 8);
         assert!(all.iter().all(|s| s.steps.len() == 5));
+    }
+
+    #[test]
+    fn a_job_is_learned_whole_from_a_case_without_a_fault_and_aims_the_plans() {
+        let print = |p: &str| p.to_owned();
+        let schedule = Schedule {
+            requests: Vec::new(),
+            steps: vec![
+                WireStep::Run {
+                    worker: 0,
+                    trips: 2,
+                },
+                WireStep::Finish { worker: 1 },
+                WireStep::Finish { worker: 0 },
+            ],
+        };
+        let outcome = super::super::Outcome {
+            trace: vec![
+                vec![print("redis XREADGROUP q"), print("redis SET lock")],
+                Vec::new(),
+                vec![print("redis HINCRBY stats k"), print("redis GET lock")],
+            ],
+            ..super::super::Outcome::of(
+                schedule,
+                crate::check::CaseResult::judge(crate::history::History::default(), &[]),
+                std::time::Duration::ZERO,
+            )
+        };
+        let job = longest_job(&outcome).expect("a job");
+        // Worker 0's two steps, in order: the late round trips are the job's too.
+        assert_eq!(job.len(), 4);
+        assert_eq!(conflict_points(&job), vec![1, 2, 3]);
+        let plan = PctPlan::draw(Pct::default(), 2, 1, 1).aimed(written(&job));
+        assert!(
+            plan.counts("redis GET lock"),
+            "a read of what a job writes counts"
+        );
+        assert!(!plan.counts("redis XREADGROUP q") && !plan.counts("http POST /v1/infer"));
+        assert!(PctPlan::draw(Pct::default(), 2, 1, 1).counts("http POST /v1/infer"));
     }
 
     #[test]
