@@ -25,6 +25,7 @@
 
 #![deny(missing_docs)]
 
+mod commands;
 mod conn;
 mod describe;
 mod http;
@@ -35,8 +36,8 @@ mod tests;
 mod text;
 mod touch;
 
-pub use redis::command_keys;
-pub use touch::{Touch, redis_reads_only, touches};
+pub use commands::{command_keys, redis_reads_only};
+pub use touch::{Touch, touches};
 
 use futures::future::BoxFuture;
 pub use noxious::tap::Release;

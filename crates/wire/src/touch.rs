@@ -4,6 +4,8 @@
 //! the side of a write: a Redis command not known to only read counts as a write, and so does
 //! any SQL statement but a plain `SELECT`.
 
+use crate::commands::{REDIS_POLLS, redis_reads_only};
+
 /// One thing a round trip touches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Touch {
@@ -12,115 +14,6 @@ pub struct Touch {
     pub resource: String,
     /// Whether the round trip may change it.
     pub write: bool,
-}
-
-/// Redis commands that only read, from Redis' command table (those flagged `readonly`); every
-/// other command with keys may write them.
-const REDIS_READS_ONLY: &[&str] = &[
-    "GET",
-    "MGET",
-    "EXISTS",
-    "TTL",
-    "PTTL",
-    "EXPIRETIME",
-    "PEXPIRETIME",
-    "TYPE",
-    "STRLEN",
-    "GETRANGE",
-    "SUBSTR",
-    "GETBIT",
-    "BITCOUNT",
-    "BITPOS",
-    "BITFIELD_RO",
-    "LCS",
-    "DUMP",
-    "TOUCH",
-    "HGET",
-    "HMGET",
-    "HGETALL",
-    "HEXISTS",
-    "HKEYS",
-    "HVALS",
-    "HLEN",
-    "HSTRLEN",
-    "HSCAN",
-    "HRANDFIELD",
-    "HTTL",
-    "HPTTL",
-    "HEXPIRETIME",
-    "LRANGE",
-    "LLEN",
-    "LINDEX",
-    "LPOS",
-    "SMEMBERS",
-    "SISMEMBER",
-    "SMISMEMBER",
-    "SCARD",
-    "SRANDMEMBER",
-    "SSCAN",
-    "SINTER",
-    "SUNION",
-    "SDIFF",
-    "SINTERCARD",
-    "ZRANGE",
-    "ZRANGEBYSCORE",
-    "ZREVRANGEBYSCORE",
-    "ZRANGEBYLEX",
-    "ZREVRANGEBYLEX",
-    "ZREVRANGE",
-    "ZSCORE",
-    "ZMSCORE",
-    "ZCARD",
-    "ZCOUNT",
-    "ZLEXCOUNT",
-    "ZRANK",
-    "ZREVRANK",
-    "ZRANDMEMBER",
-    "ZSCAN",
-    "ZUNION",
-    "ZINTER",
-    "ZDIFF",
-    "ZINTERCARD",
-    "XLEN",
-    "XRANGE",
-    "XREVRANGE",
-    "XREAD",
-    "XPENDING",
-    "XINFO",
-    "PFCOUNT",
-    "GEOPOS",
-    "GEODIST",
-    "GEOSEARCH",
-    "GEOHASH",
-    "SORT_RO",
-    "EVAL_RO",
-    "EVALSHA_RO",
-    "FCALL_RO",
-    "OBJECT",
-    "MEMORY",
-    "WATCH",
-];
-
-/// Redis commands that deliver work from a queue (streams read by a group, blocking pops): the
-/// harness decides who polls when, so stopping a worker before a poll orders nothing that
-/// stopping it after its previous round trip does not.
-const REDIS_POLLS: &[&str] = &[
-    "XREADGROUP",
-    "XAUTOCLAIM",
-    "XCLAIM",
-    "BLPOP",
-    "BRPOP",
-    "BLMOVE",
-    "BRPOPLPUSH",
-    "BLMPOP",
-    "BZPOPMIN",
-    "BZPOPMAX",
-    "BZMPOP",
-];
-
-/// Whether the Redis command `name` (upper case) only reads its keys.
-pub fn redis_reads_only(name: &str) -> bool {
-    REDIS_READS_ONLY.contains(&name)
 }
 
 /// What the round trip whose fingerprint text is `print` touches (nothing for set-up, queue
