@@ -91,10 +91,7 @@ impl PctPlan {
 
     /// Whether the round trip of fingerprint `print` counts toward a change point.
     pub fn counts(&self, print: &str) -> bool {
-        self.aim.is_empty()
-            || crate::wire::touches(print)
-                .iter()
-                .any(|t| self.aim.contains(&t.resource))
+        self.aim.is_empty() || touches_any(print, &self.aim)
     }
 
     /// Round trips the plan runs at most (the free run after it finishes the jobs).
@@ -230,14 +227,16 @@ pub fn conflict_points(prints: &[String]) -> Vec<u32> {
     prints
         .iter()
         .enumerate()
-        .filter(|(i, print)| {
-            *i > 0
-                && crate::wire::touches(print)
-                    .iter()
-                    .any(|t| written.contains(&t.resource))
-        })
+        .filter(|(i, print)| *i > 0 && touches_any(print, &written))
         .map(|(i, _)| i as u32)
         .collect()
+}
+
+/// Whether the round trip of fingerprint `print` touches one of `written` (a conflict point).
+fn touches_any(print: &str, written: &[String]) -> bool {
+    crate::wire::touches(print)
+        .iter()
+        .any(|t| written.contains(&t.resource))
 }
 
 /// What some round trip of a job writes (keys, tables, transaction commits), in name order.
