@@ -59,16 +59,16 @@ fn postgres(rest: &str) -> Vec<Touch> {
     let mut out = Vec::new();
     for statement in rest.strip_suffix(']').unwrap_or(rest).split("] [") {
         let (head, sql) = statement.split_once(" | ").unwrap_or((statement, ""));
-        let mut words = head.split_whitespace();
-        let verb = words.next().unwrap_or_default();
-        let tables: Vec<&str> = words
-            .filter(|w| *w != "(prepare)")
-            .flat_map(|w| w.split(','))
-            .filter(|t| !t.is_empty())
-            .collect();
+        // Prepared, not executed: it changes nothing yet.
         if head.contains("(prepare)") {
             continue;
         }
+        let mut words = head.split_whitespace();
+        let verb = words.next().unwrap_or_default();
+        let tables: Vec<&str> = words
+            .flat_map(|w| w.split(','))
+            .filter(|t| !t.is_empty())
+            .collect();
         if matches!(verb, "COMMIT" | "END") {
             out.push(Touch {
                 resource: "postgres COMMIT".to_owned(),
