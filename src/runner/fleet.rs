@@ -6,7 +6,7 @@
 //! is their log, recorded line by line as it arrives; the audit trigger and the backend journals
 //! judge them anyway. Every run ends within its time budget with a verdict; no process outlives it.
 //!
-//! Why one file of ~720 lines: a run is one sequence (start the processes, inject, drain, judge)
+//! Why one file of ~940 lines: a run is one sequence (start the processes, inject, drain, judge)
 //! whose steps share the run's processes, recorder and plane; the settings and the process
 //! bookkeeping beside it are used by nothing else.
 
@@ -471,6 +471,7 @@ pub(crate) async fn stop(proc: &mut Proc, grace: Duration) {
 }
 
 /// Runs the worker command as a fleet on `bed` and checks what happened.
+/// Runs the worker command as a fleet on `bed` and checks what happened.
 pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetResult> {
     if settings.workers.is_empty() || settings.command.trim().is_empty() {
         return Err(Error::Config(
@@ -486,35 +487,7 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
         RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
     let keys = Keys::namespaced(&namespace);
-    // Faults touch this run only, and every round trip is attributed: each worker has proxies
-    // of its own for Redis, Postgres and each backend, which its restarts keep.
-    let mut links = Vec::new();
-    let mut envs = Vec::new();
-    for index in 0..settings.workers.len() {
-        let lease_ttl = settings.lease_ttl_of(index);
-        let link = WorkerLink::open(bed, true, false).await?;
-        let mut by_version = BTreeMap::new();
-        for (version, backend) in &link.backends {
-            by_version.insert(
-                version.clone(),
-                WorkerEnv {
-                    worker_id: String::new(),
-                    model_version: version.clone(),
-                    redis_url: link.links.redis_url().to_owned(),
-                    database_url: link.links.database_url().to_owned(),
-                    backend_url: backend.url.clone(),
-                    backend_endpoint: backend.name.clone(),
-                    key_prefix: keys.prefix().to_owned(),
-                    lease_ttl,
-                    visibility_timeout: settings.visibility_timeout,
-                    backend_timeout: settings.backend_timeout,
-                    defects: settings.defects.clone(),
-                },
-            );
-        }
-        envs.push(by_version);
-        links.push(link);
-    }
+    let (links, envs) = open_links(bed, settings, &keys).await?;
     let versions: Vec<String> = bed.versions().into_iter().map(str::to_owned).collect();
     let admin =
         Infra::connect_harness(&bed.harness_redis_url(), &bed.harness_database_url()).await?;
@@ -567,214 +540,48 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
         ),
         workers: processes,
     };
-
     let mut wire_recorded = true;
     for (index, spec) in settings.workers.iter().enumerate() {
         wire_recorded &= plane.services.record(index, &spec.id, &recorder);
     }
-    let mut rng = StdRng::seed_from_u64(settings.seed);
-    let mut arrivals = Arrivals::new(
-        settings.requests,
-        settings.inputs,
-        settings.duration.mul_f64(0.7),
-        &mut rng,
-    );
-    let last_version = settings
-        .workers
-        .iter()
-        .map(|w| w.version.clone())
-        .max()
-        .unwrap_or_default();
-    let mut rolled = !settings.faults.contains(&FaultKind::Cutover);
-    // The kinds drawn by turn first (the rolling restart is the cutover's own, not drawn).
-    let mut rotation: Vec<FaultKind> = Vec::new();
-    for kind in &settings.faults {
-        if *kind != FaultKind::Cutover && !rotation.contains(kind) {
-            rotation.push(*kind);
-        }
-    }
-    rotation.shuffle(&mut rng);
-    let mut applied_kinds = 0;
-    let mut step = 0;
-    while started.elapsed() < settings.duration || arrivals.pending() {
-        if crate::interrupt::requested().is_some() {
-            break;
-        }
-        if let Some(message) = plane.workers.exited_at_once().await {
-            return Err(Error::Config(message));
-        }
-        tokio::time::sleep(Duration::from_millis(rng.random_range(100..300))).await;
-        let fresh = arrivals.submit_due(started.elapsed(), &mut api).await?;
-        plane.services.requests.extend(fresh);
-        if !rolled && started.elapsed() >= settings.duration / 2 {
-            // Rolling rollout: the pointer switches, then each older worker drains and comes back
-            // on the new version.
-            step += 1;
-            let cutover = Fault::Cutover {
-                to: last_version.clone(),
-            };
-            recorder.step(step, format!("rolling restart: {cutover}"));
-            recorder.fault(apply(&cutover, &mut plane).await?);
-            let processes = &mut plane.workers;
-            for index in 0..processes.procs.len() {
-                if processes.procs[index].spec.version == last_version {
-                    continue;
-                }
-                stop(&mut processes.procs[index], settings.backend_timeout * 3).await;
-                let spec = WorkerSpec {
-                    id: processes.procs[index].spec.id.clone(),
-                    version: last_version.clone(),
-                };
-                processes.restart(index, &spec)?;
-            }
-            rolled = true;
-            continue;
-        }
-        if settings.faults.is_empty() || !rng.random_bool(0.5) {
-            continue;
-        }
-        // Every kind once first (in the seed's order), then drawn as the settings weigh them.
-        let kind = match rotation.get(applied_kinds) {
-            Some(kind) => {
-                applied_kinds += 1;
-                *kind
-            }
-            None => settings.faults[rng.random_range(0..settings.faults.len())],
-        };
-        let worker = rng.random_range(0..settings.workers.len());
-        let version = versions[rng.random_range(0..versions.len())].clone();
-        // Each fault, and how long it lasts before it is undone (real time).
-        let plan: Vec<(Fault, Duration)> = match kind {
-            FaultKind::WorkerCrash => {
-                // Aimed at a worker holding a job: a crash of an idle one tests nothing.
-                let target = plane.workers.job_holder(|_| true).await;
-                vec![(
-                    Fault::CrashWorker {
-                        worker: target.unwrap_or(worker),
-                    },
-                    Duration::ZERO,
-                )]
-            }
-            FaultKind::LeaseExpiry => {
-                // Paused past its lease TTL and the visibility timeout: its job goes to another
-                // worker, then it wakes up and carries on as if nothing happened. The pause is
-                // aimed at a worker that is mid-job (its log says so), one whose lease the pause
-                // can outlast when there is one.
-                let target = plane
-                    .workers
-                    .job_holder(|index| settings.lease_ttl_of(index) == settings.lease_ttl)
-                    .await;
-                // Past the visibility timeout (its job is redelivered), and short enough that
-                // the paused call has not timed out when it wakes up. Drawn across the other
-                // worker's attempt: waking after it ended makes a late writer over a finished
-                // job; waking while it runs makes two holders of one job at once (a release or
-                // a lease write that is not checked then hits the other holder's lease).
-                let from = settings.visibility_timeout + Duration::from_millis(100);
-                let to = (settings.visibility_timeout + Duration::from_millis(800))
-                    .min(
-                        settings
-                            .backend_timeout
-                            .saturating_sub(Duration::from_millis(500)),
-                    )
-                    .max(from);
-                let pause = Duration::from_millis(
-                    rng.random_range(from.as_millis() as u64..=to.as_millis() as u64),
-                );
-                vec![(
-                    Fault::PauseWorker {
-                        worker: target.unwrap_or(worker),
-                        ms: pause.as_millis() as u64,
-                    },
-                    Duration::ZERO,
-                )]
-            }
-            FaultKind::UpstreamTimeout => vec![
-                (
-                    Fault::UpstreamTimeout {
-                        version: version.clone(),
-                    },
-                    settings.backend_timeout,
-                ),
-                (Fault::RecoverBackend { version }, Duration::ZERO),
-            ],
-            FaultKind::Partition => {
-                let target = if rng.random_bool(0.5) {
-                    PartitionTarget::Redis
-                } else {
-                    PartitionTarget::Postgres
-                };
-                vec![
-                    (
-                        Fault::Partition { target },
-                        Duration::from_millis(rng.random_range(100..400)),
-                    ),
-                    (Fault::Heal { target }, Duration::ZERO),
-                ]
-            }
-            _ => Vec::new(),
-        };
-        for (fault, lasts) in plan {
-            step += 1;
-            recorder.step(step, fault.to_string());
-            recorder.fault(apply(&fault, &mut plane).await?);
-            tokio::time::sleep(lasts).await;
-        }
-        if Instant::now() > hard_deadline {
-            break;
-        }
-    }
+    let mut run = Run {
+        settings,
+        recorder: &recorder,
+        rng: StdRng::seed_from_u64(settings.seed),
+        versions,
+        step: 0,
+        last_version: settings
+            .workers
+            .iter()
+            .map(|w| w.version.clone())
+            .max()
+            .unwrap_or_default(),
+        rolled: !settings.faults.contains(&FaultKind::Cutover),
+    };
+    let requests = run
+        .inject(&mut plane, &mut api, started, hard_deadline)
+        .await?;
 
     // Heal, then let the fleet finish the queue, bounded by the budget.
-    step += 1;
-    recorder.step(step, "drain: heal, let the fleet finish the queue".into());
+    run.step += 1;
+    recorder.step(
+        run.step,
+        "drain: heal, let the fleet finish the queue".into(),
+    );
     recorder.observe(Observation::Draining);
     crate::env::backends::release_all(slow).await;
     plane.services.heal_all().await?;
-    let requests = std::mem::take(&mut arrivals.submitted);
-    let processes = &mut plane.workers;
-    for index in 0..processes.procs.len() {
-        signal(&processes.procs[index], Signal::SIGCONT);
-        // Workers declined by the cutover have drained and exited: bring them back on the
-        // active version so the drain has hands.
-        if processes.procs[index]
-            .child
-            .try_wait()
-            .ok()
-            .flatten()
-            .is_some()
-        {
-            let spec = WorkerSpec {
-                id: processes.procs[index].spec.id.clone(),
-                version: if rolled {
-                    last_version.clone()
-                } else {
-                    processes.procs[index].spec.version.clone()
-                },
-            };
-            processes.restart(index, &spec)?;
-        }
-    }
-    // Settled: every job terminal and nothing left pending (a delivery a worker left
-    // unacknowledged is redelivered after the visibility timeout; a worker that never acks it
-    // leaves it pending for good, which the judge reports).
+    run.restart_the_exited(&mut plane.workers)?;
     let mut queue = crate::reference::queue::Queue::over(admin.redis.clone(), &keys);
-    let settled = loop {
-        let jobs = read_jobs(&admin.pg, keys.prefix()).await?;
-        let open = requests.iter().any(|r| {
-            jobs.iter()
-                .find(|j| j.idempotency_key == r.idempotency_key)
-                .is_none_or(|j| !j.status().is_ok_and(|s| s.is_terminal()))
-        });
-        if !open && queue.pending().await?.is_empty() {
-            break true;
-        }
-        if Instant::now() + settings.backend_timeout * 3 > hard_deadline
-            || crate::interrupt::requested().is_some()
-        {
-            break false;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let settled = settle(
+        &admin,
+        &keys,
+        &requests,
+        &mut queue,
+        settings,
+        hard_deadline,
+    )
+    .await?;
     for proc in plane.workers.procs.iter_mut() {
         stop(proc, settings.backend_timeout * 2).await;
     }
@@ -783,36 +590,7 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
     for reader in std::mem::take(&mut plane.workers.readers) {
         let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
     }
-    for (key, deliveries) in queue.pending().await? {
-        recorder.observe(Observation::Pending {
-            key,
-            deliveries,
-            held: None,
-        });
-    }
-    // A job still open behind a lease set to outlive the liveness bound (twice the longest TTL
-    // the workers were given) waits for it, whatever the drain allows.
-    let bound = settings
-        .long_lease_ttl
-        .unwrap_or(settings.lease_ttl)
-        .max(settings.lease_ttl)
-        * 2;
-    let open: Vec<String> = read_jobs(&admin.pg, keys.prefix())
-        .await?
-        .into_iter()
-        .filter(|j| !j.status().is_ok_and(|s| s.is_terminal()))
-        .map(|j| j.idempotency_key)
-        .collect();
-    let ttls = plane.services.lease_ttls(&open).await?;
-    for (key, ttl) in open.into_iter().zip(ttls) {
-        if let Some(ttl_ms) = ttl.filter(|t| *t < 0 || *t as u128 > bound.as_millis()) {
-            recorder.observe(Observation::LeaseOutlivesBound {
-                key,
-                ttl_ms,
-                bound_ms: bound.as_millis() as u64,
-            });
-        }
-    }
+    observe_leftovers(&plane, &admin, &keys, &mut queue, settings, &recorder).await?;
     recorder.observe(Observation::Drained { settled });
     let mut history = crate::history::collect(
         bed.take_journals(keys.prefix()),
@@ -834,4 +612,331 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
         case: CaseResult::judge(history, &settings.invariants),
         outputs,
     })
+}
+
+/// Faults touch this run only, and every round trip is attributed: each worker has proxies of
+/// its own for Redis, Postgres and each backend, which its restarts keep. Per worker, its links
+/// and the contract's environment per version through them.
+async fn open_links(
+    bed: &TestBed,
+    settings: &FleetSettings,
+    keys: &Keys,
+) -> Result<(Vec<WorkerLink>, Vec<BTreeMap<String, WorkerEnv>>)> {
+    let mut links = Vec::new();
+    let mut envs = Vec::new();
+    for index in 0..settings.workers.len() {
+        let lease_ttl = settings.lease_ttl_of(index);
+        let link = WorkerLink::open(bed, true, false).await?;
+        let mut by_version = BTreeMap::new();
+        for (version, backend) in &link.backends {
+            by_version.insert(
+                version.clone(),
+                WorkerEnv {
+                    worker_id: String::new(),
+                    model_version: version.clone(),
+                    redis_url: link.links.redis_url().to_owned(),
+                    database_url: link.links.database_url().to_owned(),
+                    backend_url: backend.url.clone(),
+                    backend_endpoint: backend.name.clone(),
+                    key_prefix: keys.prefix().to_owned(),
+                    lease_ttl,
+                    visibility_timeout: settings.visibility_timeout,
+                    backend_timeout: settings.backend_timeout,
+                    defects: settings.defects.clone(),
+                },
+            );
+        }
+        envs.push(by_version);
+        links.push(link);
+    }
+    Ok((links, envs))
+}
+
+/// The fault-injection phase of a fleet run: its draws, its steps and the rollout's progress.
+struct Run<'s> {
+    settings: &'s FleetSettings,
+    recorder: &'s Recorder,
+    rng: StdRng,
+    versions: Vec<String>,
+    /// The last step recorded.
+    step: usize,
+    /// The version the rolling restart moves the fleet to.
+    last_version: String,
+    /// Whether the rolling restart happened (or is not in scope).
+    rolled: bool,
+}
+
+impl Run<'_> {
+    /// Submits the arrivals and injects faults until the duration is over and every arrival is
+    /// in (or the budget or an interrupt ends it); the requests submitted.
+    async fn inject(
+        &mut self,
+        plane: &mut CasePlane<'_, Processes>,
+        api: &mut crate::reference::submit::Api,
+        started: Instant,
+        hard_deadline: Instant,
+    ) -> Result<Vec<crate::history::SubmittedRequest>> {
+        let settings = self.settings;
+        let mut arrivals = Arrivals::new(
+            settings.requests,
+            settings.inputs,
+            settings.duration.mul_f64(0.7),
+            &mut self.rng,
+        );
+        // The kinds drawn by turn first (the rolling restart is the cutover's own, not drawn).
+        let mut rotation: Vec<FaultKind> = Vec::new();
+        for kind in &settings.faults {
+            if *kind != FaultKind::Cutover && !rotation.contains(kind) {
+                rotation.push(*kind);
+            }
+        }
+        rotation.shuffle(&mut self.rng);
+        let mut applied_kinds = 0;
+        while started.elapsed() < settings.duration || arrivals.pending() {
+            if crate::interrupt::requested().is_some() {
+                break;
+            }
+            if let Some(message) = plane.workers.exited_at_once().await {
+                return Err(Error::Config(message));
+            }
+            tokio::time::sleep(Duration::from_millis(self.rng.random_range(100..300))).await;
+            let fresh = arrivals.submit_due(started.elapsed(), api).await?;
+            plane.services.requests.extend(fresh);
+            if !self.rolled && started.elapsed() >= settings.duration / 2 {
+                self.rolling_restart(plane).await?;
+                continue;
+            }
+            if settings.faults.is_empty() || !self.rng.random_bool(0.5) {
+                continue;
+            }
+            // Every kind once first (in the seed's order), then drawn as the settings weigh them.
+            let kind = match rotation.get(applied_kinds) {
+                Some(kind) => {
+                    applied_kinds += 1;
+                    *kind
+                }
+                None => settings.faults[self.rng.random_range(0..settings.faults.len())],
+            };
+            for (fault, lasts) in self.plan(kind, &plane.workers).await {
+                self.step += 1;
+                self.recorder.step(self.step, fault.to_string());
+                self.recorder.fault(apply(&fault, plane).await?);
+                tokio::time::sleep(lasts).await;
+            }
+            if Instant::now() > hard_deadline {
+                break;
+            }
+        }
+        Ok(std::mem::take(&mut arrivals.submitted))
+    }
+
+    /// Rolling rollout: the pointer switches, then each older worker drains and comes back on
+    /// the new version.
+    async fn rolling_restart(&mut self, plane: &mut CasePlane<'_, Processes>) -> Result<()> {
+        self.step += 1;
+        let cutover = Fault::Cutover {
+            to: self.last_version.clone(),
+        };
+        self.recorder
+            .step(self.step, format!("rolling restart: {cutover}"));
+        self.recorder.fault(apply(&cutover, plane).await?);
+        let processes = &mut plane.workers;
+        for index in 0..processes.procs.len() {
+            if processes.procs[index].spec.version == self.last_version {
+                continue;
+            }
+            stop(
+                &mut processes.procs[index],
+                self.settings.backend_timeout * 3,
+            )
+            .await;
+            let spec = WorkerSpec {
+                id: processes.procs[index].spec.id.clone(),
+                version: self.last_version.clone(),
+            };
+            processes.restart(index, &spec)?;
+        }
+        self.rolled = true;
+        Ok(())
+    }
+
+    /// The faults of one draw of `kind`, each with how long it lasts before the next (real
+    /// time).
+    async fn plan(&mut self, kind: FaultKind, workers: &Processes) -> Vec<(Fault, Duration)> {
+        let settings = self.settings;
+        let worker = self.rng.random_range(0..settings.workers.len());
+        let version = self.versions[self.rng.random_range(0..self.versions.len())].clone();
+        match kind {
+            FaultKind::WorkerCrash => {
+                // Aimed at a worker holding a job: a crash of an idle one tests nothing.
+                let target = workers.job_holder(|_| true).await;
+                vec![(
+                    Fault::CrashWorker {
+                        worker: target.unwrap_or(worker),
+                    },
+                    Duration::ZERO,
+                )]
+            }
+            FaultKind::LeaseExpiry => {
+                // Paused past its lease TTL and the visibility timeout: its job goes to another
+                // worker, then it wakes up and carries on as if nothing happened. The pause is
+                // aimed at a worker that is mid-job (its log says so), one whose lease the pause
+                // can outlast when there is one.
+                let target = workers
+                    .job_holder(|index| settings.lease_ttl_of(index) == settings.lease_ttl)
+                    .await;
+                vec![(
+                    Fault::PauseWorker {
+                        worker: target.unwrap_or(worker),
+                        ms: self.pause().as_millis() as u64,
+                    },
+                    Duration::ZERO,
+                )]
+            }
+            FaultKind::UpstreamTimeout => vec![
+                (
+                    Fault::UpstreamTimeout {
+                        version: version.clone(),
+                    },
+                    settings.backend_timeout,
+                ),
+                (Fault::RecoverBackend { version }, Duration::ZERO),
+            ],
+            FaultKind::Partition => {
+                let target = if self.rng.random_bool(0.5) {
+                    PartitionTarget::Redis
+                } else {
+                    PartitionTarget::Postgres
+                };
+                vec![
+                    (
+                        Fault::Partition { target },
+                        Duration::from_millis(self.rng.random_range(100..400)),
+                    ),
+                    (Fault::Heal { target }, Duration::ZERO),
+                ]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// How long a lease-expiry pause lasts: past the visibility timeout (its job is
+    /// redelivered), and short enough that the paused call has not timed out when it wakes up.
+    /// Drawn across the other worker's attempt: waking after it ended makes a late writer over a
+    /// finished job; waking while it runs makes two holders of one job at once (a release or a
+    /// lease write that is not checked then hits the other holder's lease).
+    fn pause(&mut self) -> Duration {
+        let settings = self.settings;
+        let from = settings.visibility_timeout + Duration::from_millis(100);
+        let to = (settings.visibility_timeout + Duration::from_millis(800))
+            .min(
+                settings
+                    .backend_timeout
+                    .saturating_sub(Duration::from_millis(500)),
+            )
+            .max(from);
+        Duration::from_millis(
+            self.rng
+                .random_range(from.as_millis() as u64..=to.as_millis() as u64),
+        )
+    }
+
+    /// Wakes every paused process; workers declined by the cutover have drained and exited:
+    /// they come back on the active version so the drain has hands.
+    fn restart_the_exited(&self, processes: &mut Processes) -> Result<()> {
+        for index in 0..processes.procs.len() {
+            signal(&processes.procs[index], Signal::SIGCONT);
+            if processes.procs[index]
+                .child
+                .try_wait()
+                .ok()
+                .flatten()
+                .is_some()
+            {
+                let spec = WorkerSpec {
+                    id: processes.procs[index].spec.id.clone(),
+                    version: if self.rolled {
+                        self.last_version.clone()
+                    } else {
+                        processes.procs[index].spec.version.clone()
+                    },
+                };
+                processes.restart(index, &spec)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Waits until settled: every job terminal and nothing left pending (a delivery a worker left
+/// unacknowledged is redelivered after the visibility timeout; a worker that never acks it
+/// leaves it pending for good, which the judge reports). False: the budget or an interrupt ended
+/// the wait first.
+async fn settle(
+    admin: &Infra,
+    keys: &Keys,
+    requests: &[crate::history::SubmittedRequest],
+    queue: &mut crate::reference::queue::Queue,
+    settings: &FleetSettings,
+    hard_deadline: Instant,
+) -> Result<bool> {
+    loop {
+        let jobs = read_jobs(&admin.pg, keys.prefix()).await?;
+        let open = requests.iter().any(|r| {
+            jobs.iter()
+                .find(|j| j.idempotency_key == r.idempotency_key)
+                .is_none_or(|j| !j.status().is_ok_and(|s| s.is_terminal()))
+        });
+        if !open && queue.pending().await?.is_empty() {
+            return Ok(true);
+        }
+        if Instant::now() + settings.backend_timeout * 3 > hard_deadline
+            || crate::interrupt::requested().is_some()
+        {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Records what the drain left: deliveries still pending, and open jobs behind a lease set to
+/// outlive the liveness bound (twice the longest TTL the workers were given), which wait for it
+/// whatever the drain allows.
+async fn observe_leftovers(
+    plane: &CasePlane<'_, Processes>,
+    admin: &Infra,
+    keys: &Keys,
+    queue: &mut crate::reference::queue::Queue,
+    settings: &FleetSettings,
+    recorder: &Recorder,
+) -> Result<()> {
+    for (key, deliveries) in queue.pending().await? {
+        recorder.observe(Observation::Pending {
+            key,
+            deliveries,
+            held: None,
+        });
+    }
+    let bound = settings
+        .long_lease_ttl
+        .unwrap_or(settings.lease_ttl)
+        .max(settings.lease_ttl)
+        * 2;
+    let open: Vec<String> = read_jobs(&admin.pg, keys.prefix())
+        .await?
+        .into_iter()
+        .filter(|j| !j.status().is_ok_and(|s| s.is_terminal()))
+        .map(|j| j.idempotency_key)
+        .collect();
+    let ttls = plane.services.lease_ttls(&open).await?;
+    for (key, ttl) in open.into_iter().zip(ttls) {
+        if let Some(ttl_ms) = ttl.filter(|t| *t < 0 || *t as u128 > bound.as_millis()) {
+            recorder.observe(Observation::LeaseOutlivesBound {
+                key,
+                ttl_ms,
+                bound_ms: bound.as_millis() as u64,
+            });
+        }
+    }
+    Ok(())
 }
