@@ -7,7 +7,7 @@
 //! interleavings of checkpoints it saw per worker pair. Coverage-guided exploration keeps the
 //! schedules that reached something new and mutates them, as coverage-guided fuzzers do.
 
-use racecert_core::contract::log::Status;
+use racecert_core::contract::log::{LogLine, Status};
 use racecert_core::fault::{Effect, FaultKind, PartitionTarget};
 use racecert_history::{EventKind, History, Observation};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -213,248 +213,306 @@ struct Open {
 
 /// The coverage of one run.
 pub fn coverage(history: &History) -> Coverage {
-    let mut coverage = Coverage::default();
-    let input_of: HashMap<&str, &str> = history
-        .requests
-        .iter()
-        .flat_map(|r| {
-            [
-                (r.request_id.as_str(), r.input.as_str()),
-                (r.idempotency_key.as_str(), r.input.as_str()),
-            ]
-        })
-        .collect();
-    let mut attempts: HashMap<String, Attempt> = HashMap::new();
-    let mut open = Open::default();
-    // Inputs whose cache entry some version wrote: (input, version).
-    let mut cached: HashSet<(String, String)> = HashSet::new();
-    // Since the last cutover (its target version): whether a read of an entry left by another
-    // version happened in the lag window.
-    let mut lag_window: Option<(String, bool)> = None;
-    let mut draining = false;
+    let mut scan = Scan::new(history);
     let keys = history.layout.matcher();
     let mut leases = super::landing::Leases::default();
     for event in &history.events {
         leases.observe(history, event, &keys);
         match &event.kind {
-            EventKind::Harness(Observation::Draining) => {
-                draining = true;
-                close_open(&mut coverage, &mut open);
-                if lag_window.as_ref().is_some_and(|(_, read)| *read) {
-                    coverage
-                        .reached
-                        .insert(Reach::Near(FaultKind::CacheInvalidationLag));
-                }
-            }
+            EventKind::Harness(Observation::Draining) => scan.drain(),
             EventKind::Harness(Observation::AttemptError { worker, .. }) => {
-                attempts.remove(worker);
-                mark_cut(&mut open);
+                scan.attempts.remove(worker);
+                mark_cut(&mut scan.open);
             }
-            EventKind::Worker(line) => {
-                let Some(status) = line.status_word() else {
-                    continue;
-                };
-                let worker = line.get("worker_id").unwrap_or("-").to_owned();
-                let key = line.get("idempotency_key").unwrap_or("-").to_owned();
-                let version = line.get("model_version").unwrap_or("-").to_owned();
-                if status.is_receive() {
-                    let overlap = attempts
-                        .iter()
-                        .any(|(other, a)| *other != worker && a.key == key);
-                    if status == Status::RetryDispatched && !draining {
-                        coverage.applied_kind(FaultKind::RetryOverlap, overlap);
-                    }
-                    attempts.insert(
-                        worker,
-                        Attempt {
-                            key,
-                            ..Attempt::default()
-                        },
-                    );
-                    continue;
-                }
-                match status {
-                    Status::LeaseAcquired => {
-                        let attempt = attempts.entry(worker).or_default();
-                        attempt.leased = true;
-                        attempt.leased_at = Some(event.at_ms);
-                    }
-                    Status::JobTaken => {
-                        attempts.entry(worker).or_default().taken = true;
-                    }
-                    Status::InferenceSucceeded
-                    | Status::LateSuccess
-                    | Status::LateWriteRejected => {
-                        attempts.entry(worker).or_default().wrote = true;
-                    }
-                    Status::CacheWritten => {
-                        if let Some(input) = input_of
-                            .get(line.get("request_id").unwrap_or("-"))
-                            .or_else(|| input_of.get(key.as_str()))
-                        {
-                            cached.insert(((*input).to_owned(), version));
-                        }
-                    }
-                    Status::CacheHit | Status::CacheMiss if !draining => {
-                        if let Some((to, read)) = lag_window.as_mut()
-                            && version == *to
-                            && let Some(input) = input_of
-                                .get(line.get("request_id").unwrap_or("-"))
-                                .or_else(|| input_of.get(key.as_str()))
-                            && cached.iter().any(|(i, v)| i == input && v != to)
-                        {
-                            *read = true;
-                        }
-                    }
-                    Status::TimeoutWaitingUpstream | Status::UpstreamFailed => {
-                        if let Some(timed_out) = open.slow.get_mut(&version) {
-                            *timed_out = true;
-                        }
-                        if status == Status::UpstreamFailed
-                            && let Some(failed) = open.failing.get_mut(&version)
-                        {
-                            *failed = true;
-                        }
-                        if status == Status::UpstreamFailed {
-                            attempts.remove(&worker);
-                        }
-                    }
-                    Status::AttemptError => {
-                        attempts.remove(&worker);
-                        mark_cut(&mut open);
-                    }
-                    Status::DuplicateSkipped
-                    | Status::AlreadyCompleted
-                    | Status::VersionDeclined
-                    | Status::LeaseReleased
-                    | Status::LeaseLost => {
-                        attempts.remove(&worker);
-                    }
-                    _ => {}
-                }
-            }
-            EventKind::Fault(effect) => {
-                let counted = !draining;
-                match effect {
-                    Effect::LeaseExpired { key, held } => {
-                        let landed =
-                            *held && attempts.values().any(|a| a.key == *key && a.mid_job());
-                        if counted {
-                            coverage.applied_kind(FaultKind::LeaseExpiry, landed);
-                        }
-                    }
-                    Effect::WorkerPaused { worker, ms } => {
-                        // Recorded when it resumed: it was stopped from `from` to now. It landed
-                        // only if its job was in hand and its lease really ran out meanwhile
-                        // (the wire's leases; without them, the line's lease and the TTL).
-                        let (from, to) =
-                            (event.at_ms.saturating_sub(*ms) as i64, event.at_ms as i64);
-                        let attempt = attempts.get(worker).filter(|a| a.mid_job());
-                        let lost = if leases.any() {
-                            leases.lost_during(worker, from, to)
-                        } else {
-                            attempt
-                                .and_then(|a| a.leased_at)
-                                .zip(history.lease_ttl_ms)
-                                .is_some_and(|(at, ttl)| {
-                                    let expires = (at + ttl) as i64;
-                                    expires > from && expires <= to
-                                })
-                        };
-                        let landed = attempt.is_some() && lost;
-                        if counted {
-                            coverage.applied_kind(FaultKind::LeaseExpiry, landed);
-                        }
-                    }
-                    Effect::WorkerCrashed { worker, .. } => {
-                        // On a holder: it had received a delivery and its attempt had not
-                        // ended (no release, skip or error), leased or not: a worker that acks on
-                        // receipt loses its job when killed before the lease.
-                        let landed = attempts.remove(worker).is_some();
-                        if counted {
-                            coverage.applied_kind(FaultKind::WorkerCrash, landed);
-                        }
-                    }
-                    Effect::RedisRestarted => {
-                        let landed = attempts.values().any(|a| a.leased && !a.wrote);
-                        if counted {
-                            coverage.applied_kind(FaultKind::RedisRestart, landed);
-                        }
-                    }
-                    Effect::CutOver { to, .. } => {
-                        let landed = attempts.values().any(|a| a.taken && !a.wrote);
-                        if counted {
-                            coverage.applied_kind(FaultKind::Cutover, landed);
-                        }
-                        lag_window = Some((to.clone(), false));
-                    }
-                    Effect::CacheInvalidated { .. } => {
-                        let landed = lag_window.take().is_some_and(|(_, read)| read);
-                        if counted {
-                            coverage.applied_kind(FaultKind::CacheInvalidationLag, landed);
-                        }
-                    }
-                    Effect::Partitioned { target } => {
-                        if counted {
-                            open.cut.insert(*target, false);
-                        }
-                    }
-                    Effect::Healed { target } => {
-                        if let Some(landed) = open.cut.remove(target) {
-                            coverage.applied_kind(FaultKind::Partition, landed);
-                        }
-                    }
-                    Effect::UpstreamSlow { version, .. } => {
-                        if counted {
-                            close_slow(&mut coverage, &mut open, version);
-                            open.slow.insert(version.clone(), false);
-                        }
-                    }
-                    Effect::BackendFailing { version, .. } => {
-                        if counted {
-                            close_failing(&mut coverage, &mut open, version);
-                            open.failing.insert(version.clone(), false);
-                        }
-                    }
-                    Effect::BackendRecovered { version } => {
-                        close_slow(&mut coverage, &mut open, version);
-                        close_failing(&mut coverage, &mut open, version);
-                    }
-                    Effect::Missed { kind, .. } => {
-                        if counted {
-                            coverage.applied_kind(*kind, false);
-                        }
-                    }
-                    // Recorded when it began; what followed says whether it landed.
-                    Effect::FrameworkFault { kind, worker, .. } => {
-                        let landed =
-                            super::landing::framework(history, *kind, worker, event.at_ms as i64);
-                        if counted {
-                            coverage.applied_kind(*kind, landed);
-                        }
-                    }
-                    Effect::NotApplicable { kind, why } => {
-                        coverage
-                            .not_applicable
-                            .entry(*kind)
-                            .or_insert_with(|| why.clone());
-                    }
-                }
-            }
+            EventKind::Worker(line) => scan.worker_line(event.at_ms, line),
+            EventKind::Fault(effect) => scan.fault(event.at_ms, effect, &leases),
             EventKind::Harness(_) | EventKind::Step(_) | EventKind::Wire(_) => {}
         }
     }
-    close_open(&mut coverage, &mut open);
-    for (kind, (applied, landed)) in &coverage.faults {
-        if *applied > 0 {
-            coverage.reached.insert(Reach::Applied(*kind));
-        }
-        if *landed > 0 {
-            coverage.reached.insert(Reach::Landed(*kind));
+    scan.finish()
+}
+
+/// What the walk over one run's history carries from event to event.
+struct Scan<'h> {
+    history: &'h History,
+    coverage: Coverage,
+    /// Request id and idempotency key -> the request's input.
+    input_of: HashMap<&'h str, &'h str>,
+    attempts: HashMap<String, Attempt>,
+    open: Open,
+    // Inputs whose cache entry some version wrote: (input, version).
+    cached: HashSet<(String, String)>,
+    // Since the last cutover (its target version): whether a read of an entry left by another
+    // version happened in the lag window.
+    lag_window: Option<(String, bool)>,
+    draining: bool,
+}
+
+impl<'h> Scan<'h> {
+    /// The state before the first event.
+    fn new(history: &'h History) -> Scan<'h> {
+        let input_of: HashMap<&str, &str> = history
+            .requests
+            .iter()
+            .flat_map(|r| {
+                [
+                    (r.request_id.as_str(), r.input.as_str()),
+                    (r.idempotency_key.as_str(), r.input.as_str()),
+                ]
+            })
+            .collect();
+        Scan {
+            history,
+            coverage: Coverage::default(),
+            input_of,
+            attempts: HashMap::new(),
+            open: Open::default(),
+            cached: HashSet::new(),
+            lag_window: None,
+            draining: false,
         }
     }
-    coverage.reached.extend(orderings(history));
-    coverage
+
+    /// The drain began: the lasting faults close, and a lag-window read counts as near.
+    fn drain(&mut self) {
+        self.draining = true;
+        close_open(&mut self.coverage, &mut self.open);
+        if self.lag_window.as_ref().is_some_and(|(_, read)| *read) {
+            self.coverage
+                .reached
+                .insert(Reach::Near(FaultKind::CacheInvalidationLag));
+        }
+    }
+
+    /// The input of the request a line is about, by its request id or else its key.
+    fn input_of_line(&self, line: &LogLine, key: &str) -> Option<&'h str> {
+        self.input_of
+            .get(line.get("request_id").unwrap_or("-"))
+            .or_else(|| self.input_of.get(key))
+            .copied()
+    }
+
+    /// A worker's line: moves its attempt along by the checkpoint it marks.
+    fn worker_line(&mut self, at_ms: u64, line: &LogLine) {
+        let Some(status) = line.status_word() else {
+            return;
+        };
+        let worker = line.get("worker_id").unwrap_or("-").to_owned();
+        let key = line.get("idempotency_key").unwrap_or("-").to_owned();
+        let version = line.get("model_version").unwrap_or("-").to_owned();
+        if status.is_receive() {
+            self.received(status, worker, key);
+            return;
+        }
+        match status {
+            Status::LeaseAcquired => {
+                let attempt = self.attempts.entry(worker).or_default();
+                attempt.leased = true;
+                attempt.leased_at = Some(at_ms);
+            }
+            Status::JobTaken => {
+                self.attempts.entry(worker).or_default().taken = true;
+            }
+            Status::InferenceSucceeded | Status::LateSuccess | Status::LateWriteRejected => {
+                self.attempts.entry(worker).or_default().wrote = true;
+            }
+            Status::CacheWritten => {
+                if let Some(input) = self.input_of_line(line, &key) {
+                    self.cached.insert((input.to_owned(), version));
+                }
+            }
+            Status::CacheHit | Status::CacheMiss if !self.draining => {
+                let input = self.input_of_line(line, &key);
+                if let Some((to, read)) = self.lag_window.as_mut()
+                    && version == *to
+                    && let Some(input) = input
+                    && self.cached.iter().any(|(i, v)| i == input && v != to)
+                {
+                    *read = true;
+                }
+            }
+            Status::TimeoutWaitingUpstream | Status::UpstreamFailed => {
+                if let Some(timed_out) = self.open.slow.get_mut(&version) {
+                    *timed_out = true;
+                }
+                if status == Status::UpstreamFailed
+                    && let Some(failed) = self.open.failing.get_mut(&version)
+                {
+                    *failed = true;
+                }
+                if status == Status::UpstreamFailed {
+                    self.attempts.remove(&worker);
+                }
+            }
+            Status::AttemptError => {
+                self.attempts.remove(&worker);
+                mark_cut(&mut self.open);
+            }
+            Status::DuplicateSkipped
+            | Status::AlreadyCompleted
+            | Status::VersionDeclined
+            | Status::LeaseReleased
+            | Status::LeaseLost => {
+                self.attempts.remove(&worker);
+            }
+            _ => {}
+        }
+    }
+
+    /// A delivery received: a new attempt, and a redelivery counts as a retry overlap.
+    fn received(&mut self, status: Status, worker: String, key: String) {
+        let overlap = self
+            .attempts
+            .iter()
+            .any(|(other, a)| *other != worker && a.key == key);
+        if status == Status::RetryDispatched && !self.draining {
+            self.coverage.applied_kind(FaultKind::RetryOverlap, overlap);
+        }
+        self.attempts.insert(
+            worker,
+            Attempt {
+                key,
+                ..Attempt::default()
+            },
+        );
+    }
+
+    /// A fault's effect: counts it, landed or not, or opens a lasting one.
+    fn fault(&mut self, at_ms: u64, effect: &Effect, leases: &super::landing::Leases) {
+        let counted = !self.draining;
+        let coverage = &mut self.coverage;
+        let open = &mut self.open;
+        match effect {
+            Effect::LeaseExpired { key, held } => {
+                let landed = *held && self.attempts.values().any(|a| a.key == *key && a.mid_job());
+                if counted {
+                    coverage.applied_kind(FaultKind::LeaseExpiry, landed);
+                }
+            }
+            Effect::WorkerPaused { worker, ms } => {
+                let landed = pause_landed(self.history, &self.attempts, leases, worker, *ms, at_ms);
+                if counted {
+                    coverage.applied_kind(FaultKind::LeaseExpiry, landed);
+                }
+            }
+            Effect::WorkerCrashed { worker, .. } => {
+                // On a holder: it had received a delivery and its attempt had not
+                // ended (no release, skip or error), leased or not: a worker that acks on
+                // receipt loses its job when killed before the lease.
+                let landed = self.attempts.remove(worker).is_some();
+                if counted {
+                    coverage.applied_kind(FaultKind::WorkerCrash, landed);
+                }
+            }
+            Effect::RedisRestarted => {
+                let landed = self.attempts.values().any(|a| a.leased && !a.wrote);
+                if counted {
+                    coverage.applied_kind(FaultKind::RedisRestart, landed);
+                }
+            }
+            Effect::CutOver { to, .. } => {
+                let landed = self.attempts.values().any(|a| a.taken && !a.wrote);
+                if counted {
+                    coverage.applied_kind(FaultKind::Cutover, landed);
+                }
+                self.lag_window = Some((to.clone(), false));
+            }
+            Effect::CacheInvalidated { .. } => {
+                let landed = self.lag_window.take().is_some_and(|(_, read)| read);
+                if counted {
+                    coverage.applied_kind(FaultKind::CacheInvalidationLag, landed);
+                }
+            }
+            Effect::Partitioned { target } => {
+                if counted {
+                    open.cut.insert(*target, false);
+                }
+            }
+            Effect::Healed { target } => {
+                if let Some(landed) = open.cut.remove(target) {
+                    coverage.applied_kind(FaultKind::Partition, landed);
+                }
+            }
+            Effect::UpstreamSlow { version, .. } => {
+                if counted {
+                    close_slow(coverage, open, version);
+                    open.slow.insert(version.clone(), false);
+                }
+            }
+            Effect::BackendFailing { version, .. } => {
+                if counted {
+                    close_failing(coverage, open, version);
+                    open.failing.insert(version.clone(), false);
+                }
+            }
+            Effect::BackendRecovered { version } => {
+                close_slow(coverage, open, version);
+                close_failing(coverage, open, version);
+            }
+            Effect::Missed { kind, .. } => {
+                if counted {
+                    coverage.applied_kind(*kind, false);
+                }
+            }
+            // Recorded when it began; what followed says whether it landed.
+            Effect::FrameworkFault { kind, worker, .. } => {
+                let landed = super::landing::framework(self.history, *kind, worker, at_ms as i64);
+                if counted {
+                    coverage.applied_kind(*kind, landed);
+                }
+            }
+            Effect::NotApplicable { kind, why } => {
+                coverage
+                    .not_applicable
+                    .entry(*kind)
+                    .or_insert_with(|| why.clone());
+            }
+        }
+    }
+
+    /// The end of the history: the lasting faults still open close, and what was reached.
+    fn finish(mut self) -> Coverage {
+        let mut coverage = self.coverage;
+        close_open(&mut coverage, &mut self.open);
+        for (kind, (applied, landed)) in &coverage.faults {
+            if *applied > 0 {
+                coverage.reached.insert(Reach::Applied(*kind));
+            }
+            if *landed > 0 {
+                coverage.reached.insert(Reach::Landed(*kind));
+            }
+        }
+        coverage.reached.extend(orderings(self.history));
+        coverage
+    }
+}
+
+/// Whether a worker's pause, recorded at `at_ms` when it resumed after `ms`, landed.
+fn pause_landed(
+    history: &History,
+    attempts: &HashMap<String, Attempt>,
+    leases: &super::landing::Leases,
+    worker: &str,
+    ms: u64,
+    at_ms: u64,
+) -> bool {
+    // Recorded when it resumed: it was stopped from `from` to now. It landed
+    // only if its job was in hand and its lease really ran out meanwhile
+    // (the wire's leases; without them, the line's lease and the TTL).
+    let (from, to) = (at_ms.saturating_sub(ms) as i64, at_ms as i64);
+    let attempt = attempts.get(worker).filter(|a| a.mid_job());
+    let lost = if leases.any() {
+        leases.lost_during(worker, from, to)
+    } else {
+        attempt
+            .and_then(|a| a.leased_at)
+            .zip(history.lease_ttl_ms)
+            .is_some_and(|(at, ttl)| {
+                let expires = (at + ttl) as i64;
+                expires > from && expires <= to
+            })
+    };
+    attempt.is_some() && lost
 }
 
 /// The interleavings of checkpoints per worker pair, and the checkpoints right after each fault,
