@@ -601,26 +601,30 @@ mod tests {
         assert!(!framework(&history, FaultKind::TimeLimit, "worker-a", 1300));
     }
 
-    #[test]
-    fn a_kill_lands_only_on_a_worker_with_the_request_in_flight() {
-        let call = |body: &str| {
-            Request::Http(HttpRequest {
-                method: "POST".into(),
-                path: "/v1/infer".into(),
-                headers: Vec::new(),
-                body: body.into(),
-                body_len: body.len() as u64,
-            })
-        };
-        let answer = || {
-            Some(Reply::Http(racecert_wire::HttpResponse {
-                status: 200,
-                headers: Vec::new(),
-                body: String::new(),
-                body_len: 0,
-            }))
-        };
-        let history = History {
+    /// A model call with this body.
+    fn infer(body: &str) -> Request {
+        Request::Http(HttpRequest {
+            method: "POST".into(),
+            path: "/v1/infer".into(),
+            headers: Vec::new(),
+            body: body.into(),
+            body_len: body.len() as u64,
+        })
+    }
+
+    /// The model's answer.
+    fn answered() -> Option<Reply> {
+        Some(Reply::Http(racecert_wire::HttpResponse {
+            status: 200,
+            headers: Vec::new(),
+            body: String::new(),
+            body_len: 0,
+        }))
+    }
+
+    /// req-77 in flight on worker-a (its call cut at 900), then redelivered to worker-b.
+    fn in_flight() -> History {
+        History {
             requests: vec![SubmittedRequest {
                 request_id: "req-77".into(),
                 idempotency_key: "req-77".into(),
@@ -633,23 +637,28 @@ mod tests {
                 wire(
                     900,
                     "worker-a",
-                    trip(call("{\"input\": \"hello 77\"}"), None, 100, 0),
+                    trip(infer("{\"input\": \"hello 77\"}"), None, 100, 0),
                 ),
                 // worker-b's call of another request, answered.
                 wire(
                     300,
                     "worker-b",
-                    trip(call("{\"input\": \"other\"}"), answer(), 200, 300),
+                    trip(infer("{\"input\": \"other\"}"), answered(), 200, 300),
                 ),
                 // After the kill at 500, worker-b calls for the request: a redelivery.
                 wire(
                     1500,
                     "worker-b",
-                    trip(call("{\"input\": \"hello 77\"}"), answer(), 1000, 1500),
+                    trip(infer("{\"input\": \"hello 77\"}"), answered(), 1000, 1500),
                 ),
             ],
             ..History::default()
-        };
+        }
+    }
+
+    #[test]
+    fn a_kill_lands_only_on_a_worker_with_the_request_in_flight() {
+        let history = in_flight();
         assert!(framework(
             &history,
             FaultKind::KillPoolChild,
@@ -681,7 +690,7 @@ mod tests {
         survived.events[0] = wire(
             1200,
             "worker-a",
-            trip(call("{\"input\": \"hello 77\"}"), answer(), 100, 1200),
+            trip(infer("{\"input\": \"hello 77\"}"), answered(), 100, 1200),
         );
         assert!(!framework(
             &survived,
@@ -702,6 +711,11 @@ mod tests {
             "worker-a",
             500
         ));
+    }
+
+    #[test]
+    fn a_resubmission_and_a_hang_up_land_on_the_request_in_flight() {
+        let history = in_flight();
         // A resubmission at 500 lands like a redelivery: worker-b acted on the request after.
         assert!(framework(
             &history,
@@ -722,6 +736,11 @@ mod tests {
             "worker-b",
             1600
         ));
+    }
+
+    #[test]
+    fn a_partition_lands_only_on_what_a_holder_sent_after_the_cut() {
+        let history = in_flight();
         // A partition at 500 met worker-a only if something it sent after the cut got no answer.
         assert!(!framework(&history, FaultKind::Partition, "worker-a", 500));
         let mut cut = history.clone();
@@ -738,7 +757,11 @@ mod tests {
         idle.events
             .push(wire(800, "worker-b", trip(sync, None, 700, 0)));
         assert!(!framework(&idle, FaultKind::Partition, "worker-b", 500));
+    }
 
+    #[test]
+    fn a_cutover_and_a_backend_switch_land_by_what_followed_the_request_in_flight() {
+        let history = in_flight();
         // A cutover at 500: worker-a held the request, worker-b (the new version) acted on it
         // after; switched before worker-a's call was sent, nothing was in flight.
         assert!(framework(&history, FaultKind::Cutover, "worker-a", 500));
@@ -755,8 +778,8 @@ mod tests {
             1300,
             "worker-a",
             trip(
-                call("{\"input\": \"hello 77 after\"}"),
-                answer(),
+                infer("{\"input\": \"hello 77 after\"}"),
+                answered(),
                 1200,
                 1300,
             ),
@@ -767,6 +790,11 @@ mod tests {
             "worker-a",
             500
         ));
+    }
+
+    #[test]
+    fn a_late_invalidation_lands_when_the_new_version_acted_before_it_ran() {
+        let history = in_flight();
         // A late invalidation lands when the new version acted before it ran.
         let invalidated = |at: u64| Event {
             step: 0,
