@@ -213,55 +213,49 @@ pub(super) fn lease_discipline(history: &History, keys: &KeyMatcher) -> Vec<Viol
         }) {
             continue;
         }
-        let live = leases.get(lease).cloned();
-        let foreign = |token: Option<&String>| {
-            live.as_ref()
-                .filter(|h| token.is_none_or(|t| *t != h.token) && h.worker != wire.worker)
+        let call = LeaseCall {
+            event,
+            wire,
+            command,
+            reply,
+            lease,
+            live: leases.get(lease).cloned(),
+            namespace,
         };
-        let violation = |observed: String, holder: &Holder| Violation {
-            invariant: Invariant::LeaseDiscipline,
-            observed,
-            evidence: vec![holder.proof.clone(), proof(event, wire, namespace)],
-        };
-        match command.name.as_str() {
-            "SET" if ok(reply) => {
-                let token = command.args.get(1).cloned().unwrap_or_default();
-                // A SET NX that succeeded proves the key was free (expired, deleted, restarted),
-                // whatever this replay believed: only a SET without NX can overwrite.
-                let exclusive = option(&command.args, "NX").is_some();
-                let displaced = live
-                    .as_ref()
-                    .filter(|h| exclusive && h.worker != wire.worker)
-                    .map(|h| (h.worker.clone(), h.token.clone()));
-                if let Some(holder) = foreign(Some(&token)).filter(|_| !exclusive) {
-                    violations.push(violation(
-                        format!(
-                            "{} overwrote the live lease {lease} of {} (token {}) with its own",
-                            wire.worker, holder.worker, holder.token
-                        ),
-                        holder,
-                    ));
-                }
-                leases.insert(
-                    lease.clone(),
-                    Holder {
-                        worker: wire.worker.clone(),
-                        token,
-                        expires_at: set_ttl(&command.args).map(|ttl| event.at_ms + ttl),
-                        proof: proof(event, wire, namespace),
-                        forwarded_us: wire.trip.forwarded_us,
-                        displaced,
-                    },
-                );
-            }
+        call.judge(&mut leases, &mut violations);
+    }
+    violations
+}
+
+/// One command on a lease key, judged against the holder this replay believed live before it.
+struct LeaseCall<'a> {
+    event: &'a Event,
+    wire: &'a WireEvent,
+    command: &'a racecert_wire::RedisCommand,
+    reply: Option<&'a RedisReply>,
+    lease: &'a String,
+    live: Option<Holder>,
+    namespace: Option<&'a str>,
+}
+
+impl LeaseCall<'_> {
+    /// Judges the command and applies its effect to the replayed leases.
+    fn judge(&self, leases: &mut HashMap<String, Holder>, violations: &mut Vec<Violation>) {
+        let (wire, lease, reply) = (self.wire, self.lease, self.reply);
+        match self.command.name.as_str() {
+            "SET" if ok(reply) => self.set(leases, violations),
             "DEL" | "UNLINK" | "GETDEL"
                 if positive(reply) || matches!(reply, Some(RedisReply::Bulk { .. })) =>
             {
-                if live.as_ref().is_some_and(|h| h.freed_by(&wire.worker, &[])) {
-                    continue;
+                if self
+                    .live
+                    .as_ref()
+                    .is_some_and(|h| h.freed_by(&wire.worker, &[]))
+                {
+                    return;
                 }
-                if let Some(holder) = foreign(None) {
-                    violations.push(violation(
+                if let Some(holder) = self.foreign(None) {
+                    violations.push(self.violation(
                         format!(
                             "{} deleted the live lease {lease} of {} without checking its token",
                             wire.worker, holder.worker
@@ -272,8 +266,8 @@ pub(super) fn lease_discipline(history: &History, keys: &KeyMatcher) -> Vec<Viol
                 leases.remove(lease);
             }
             "EXPIRE" | "PEXPIRE" | "PERSIST" | "EXPIREAT" | "PEXPIREAT" if positive(reply) => {
-                if let Some(holder) = foreign(None) {
-                    violations.push(violation(
+                if let Some(holder) = self.foreign(None) {
+                    violations.push(self.violation(
                         format!(
                             "{} extended the live lease {lease} of {}",
                             wire.worker, holder.worker
@@ -282,41 +276,99 @@ pub(super) fn lease_discipline(history: &History, keys: &KeyMatcher) -> Vec<Viol
                     ));
                 }
             }
-            "EVAL" | "EVALSHA" | "FCALL" if positive(reply) => {
-                // A script that acted on the lease (released or renewed it): right only for the
-                // holder whose token it was given. The first argument after the keys is the token
-                // by the contract's convention; any argument equal to the holder's token counts.
-                let numkeys: usize = command
-                    .args
-                    .get(1)
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(command.keys.len());
-                let rest: Vec<&String> = command.args.iter().skip(2 + numkeys).collect();
-                if !rest.is_empty()
-                    && live
-                        .as_ref()
-                        .is_some_and(|h| h.freed_by(&wire.worker, &rest))
-                {
-                    continue;
-                }
-                if let Some(holder) = live
-                    .as_ref()
-                    .filter(|h| h.worker != wire.worker && !rest.iter().any(|arg| **arg == h.token))
-                {
-                    violations.push(violation(
-                        format!(
-                            "{} ran a script on the live lease {lease} of {} (token {}) with another token",
-                            wire.worker, holder.worker, holder.token
-                        ),
-                        holder,
-                    ));
-                }
-                leases.remove(lease);
-            }
+            "EVAL" | "EVALSHA" | "FCALL" if positive(reply) => self.script(leases, violations),
             _ => {}
         }
     }
-    violations
+
+    /// A `SET` that succeeded: the lease is now this worker's.
+    fn set(&self, leases: &mut HashMap<String, Holder>, violations: &mut Vec<Violation>) {
+        let (event, wire, command, lease) = (self.event, self.wire, self.command, self.lease);
+        let token = command.args.get(1).cloned().unwrap_or_default();
+        // A SET NX that succeeded proves the key was free (expired, deleted, restarted),
+        // whatever this replay believed: only a SET without NX can overwrite.
+        let exclusive = option(&command.args, "NX").is_some();
+        let displaced = self
+            .live
+            .as_ref()
+            .filter(|h| exclusive && h.worker != wire.worker)
+            .map(|h| (h.worker.clone(), h.token.clone()));
+        if let Some(holder) = self.foreign(Some(&token)).filter(|_| !exclusive) {
+            violations.push(self.violation(
+                format!(
+                    "{} overwrote the live lease {lease} of {} (token {}) with its own",
+                    wire.worker, holder.worker, holder.token
+                ),
+                holder,
+            ));
+        }
+        leases.insert(
+            lease.clone(),
+            Holder {
+                worker: wire.worker.clone(),
+                token,
+                expires_at: set_ttl(&command.args).map(|ttl| event.at_ms + ttl),
+                proof: proof(event, wire, self.namespace),
+                forwarded_us: wire.trip.forwarded_us,
+                displaced,
+            },
+        );
+    }
+
+    /// A script that acted on the lease (released or renewed it): right only for the holder
+    /// whose token it was given.
+    fn script(&self, leases: &mut HashMap<String, Holder>, violations: &mut Vec<Violation>) {
+        let (wire, command, lease) = (self.wire, self.command, self.lease);
+        // The first argument after the keys is the token by the contract's convention; any
+        // argument equal to the holder's token counts.
+        let numkeys: usize = command
+            .args
+            .get(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(command.keys.len());
+        let rest: Vec<&String> = command.args.iter().skip(2 + numkeys).collect();
+        if !rest.is_empty()
+            && self
+                .live
+                .as_ref()
+                .is_some_and(|h| h.freed_by(&wire.worker, &rest))
+        {
+            return;
+        }
+        if let Some(holder) = self
+            .live
+            .as_ref()
+            .filter(|h| h.worker != wire.worker && !rest.iter().any(|arg| **arg == h.token))
+        {
+            violations.push(self.violation(
+                format!(
+                    "{} ran a script on the live lease {lease} of {} (token {}) with another token",
+                    wire.worker, holder.worker, holder.token
+                ),
+                holder,
+            ));
+        }
+        leases.remove(lease);
+    }
+
+    /// The live holder, if another worker's whose token this is not (any token, for `None`).
+    fn foreign(&self, token: Option<&String>) -> Option<&Holder> {
+        self.live
+            .as_ref()
+            .filter(|h| token.is_none_or(|t| *t != h.token) && h.worker != self.wire.worker)
+    }
+
+    /// A breach of the discipline, proved by the holder's round trip and this one.
+    fn violation(&self, observed: String, holder: &Holder) -> Violation {
+        Violation {
+            invariant: Invariant::LeaseDiscipline,
+            observed,
+            evidence: vec![
+                holder.proof.clone(),
+                proof(self.event, self.wire, self.namespace),
+            ],
+        }
+    }
 }
 
 /// No entry in one model version's cache namespace holds an output another version produced:
