@@ -482,107 +482,11 @@ impl PgFramer {
         }
         let batch = self.batch.get_or_insert_with(Batch::default);
         batch.bytes += msg.len();
-        let too_large = |e: &str| e.contains("too large") || e.contains("Too large");
         match kind {
-            b'Q' => {
-                let sql = if oversized {
-                    let mut at = 5;
-                    String::from_utf8_lossy(cstr(msg, &mut at).unwrap_or(&msg[5..])).into_owned()
-                } else {
-                    match decode::<Query>(msg, &self.ctx) {
-                        Ok(q) => q.query,
-                        Err(e) if too_large(&e) => {
-                            String::from_utf8_lossy(&msg[5..msg.len().saturating_sub(1)])
-                                .into_owned()
-                        }
-                        Err(e) => return Err(e),
-                    }
-                };
-                let statements = analyze(&sql)
-                    .into_iter()
-                    .map(|(sql, verb, tables)| PgStatement {
-                        sql,
-                        verb,
-                        tables,
-                        name: None,
-                        params: Vec::new(),
-                        executed: true,
-                    })
-                    .collect::<Vec<_>>();
-                let mut batch = self.batch.take().unwrap_or_default();
-                self.answering
-                    .push_back(std::mem::take(&mut batch.answering));
-                let mut request = self.batch_request(&batch);
-                if let Request::Postgres(PgRequest::Batch(b)) = &mut request {
-                    b.statements.extend(statements);
-                    if batch.statements.is_empty() && batch.parsed.is_empty() {
-                        b.mode = PgProtocol::Simple;
-                    }
-                }
-                self.finish(request, batch.ready_sent, ev);
-                self.in_request = false;
-            }
-            b'P' => {
-                let (stmt, sql, types) = if oversized {
-                    let mut at = 5;
-                    let stmt = cstr(msg, &mut at).unwrap_or_default().to_vec();
-                    let sql = cstr(msg, &mut at).unwrap_or(msg.get(at..).unwrap_or_default());
-                    (
-                        String::from_utf8_lossy(&stmt).into_owned(),
-                        String::from_utf8_lossy(sql).into_owned(),
-                        Vec::new(),
-                    )
-                } else {
-                    let p = decode::<Parse>(msg, &self.ctx)?;
-                    (name(p.name), p.query, p.type_oids)
-                };
-                let stmt = self.prepare(stmt, &sql, types);
-                if let Some(batch) = self.batch.as_mut() {
-                    batch.parsed.push(stmt);
-                }
-            }
-            b'B' => {
-                if oversized {
-                    let mut at = 5;
-                    let portal = cstr(msg, &mut at).unwrap_or_default();
-                    let statement = cstr(msg, &mut at).unwrap_or_default();
-                    let portal_name = String::from_utf8_lossy(portal).into_owned();
-                    let portal = Portal {
-                        statement: String::from_utf8_lossy(statement).into_owned(),
-                        params: vec![Some("…".to_owned())],
-                        formats: Vec::new(),
-                    };
-                    Self::remember(&mut self.portals, portal_name, portal);
-                } else {
-                    let bind = decode::<Bind>(msg, &self.ctx)?;
-                    self.bind(bind);
-                }
-            }
-            b'E' => {
-                let portal = if oversized {
-                    String::new()
-                } else {
-                    name(decode::<Execute>(msg, &self.ctx)?.name)
-                };
-                let statement = self.statement(&portal);
-                let formats = self
-                    .portals
-                    .get(&portal)
-                    .map(|p| p.formats.clone())
-                    .unwrap_or_default();
-                if let Some(batch) = self.batch.as_mut() {
-                    batch
-                        .answering
-                        .executed
-                        .push((statement.name.clone().unwrap_or_default(), formats));
-                    if let Some(n) = &statement.name {
-                        batch.executed.push(n.clone());
-                    } else {
-                        batch.executed.push(String::new());
-                    }
-                    batch.statements.push(statement);
-                }
-            }
+            b'Q' => self.simple_query(msg, oversized, ev)?,
+            b'P' => self.parse_message(msg, oversized)?,
+            b'B' => self.bind_message(msg, oversized)?,
+            b'E' => self.execute_message(msg, oversized)?,
             b'C' => {
                 if !oversized {
                     let close = decode::<Close>(msg, &self.ctx)?;
@@ -621,24 +525,7 @@ impl PgFramer {
                 self.finish(request, batch.ready_sent, ev);
                 self.in_request = false;
             }
-            b'F' => {
-                let statement = PgStatement {
-                    sql: "function call".to_owned(),
-                    verb: "FUNCTION".to_owned(),
-                    tables: Vec::new(),
-                    name: None,
-                    params: Vec::new(),
-                    executed: true,
-                };
-                self.batch = None;
-                self.answering.push_back(Answering::default());
-                let request = Request::Postgres(PgRequest::Batch(PgBatch {
-                    mode: PgProtocol::Simple,
-                    statements: vec![statement],
-                }));
-                self.finish(request, false, ev);
-                self.in_request = false;
-            }
+            b'F' => self.function_call(ev),
             other => return Err(format!("an unknown client message type {other:#04x}")),
         }
         // A batch that grows without Sync or Flush: decide on what is known.
@@ -654,6 +541,142 @@ impl PgFramer {
             }
         }
         Ok(())
+    }
+
+    /// A simple Query: its statements end the batch and the request.
+    fn simple_query(
+        &mut self,
+        msg: &[u8],
+        oversized: bool,
+        ev: &mut Vec<Ev>,
+    ) -> Result<(), String> {
+        let too_large = |e: &str| e.contains("too large") || e.contains("Too large");
+        let sql = if oversized {
+            let mut at = 5;
+            String::from_utf8_lossy(cstr(msg, &mut at).unwrap_or(&msg[5..])).into_owned()
+        } else {
+            match decode::<Query>(msg, &self.ctx) {
+                Ok(q) => q.query,
+                Err(e) if too_large(&e) => {
+                    String::from_utf8_lossy(&msg[5..msg.len().saturating_sub(1)]).into_owned()
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let statements = analyze(&sql)
+            .into_iter()
+            .map(|(sql, verb, tables)| PgStatement {
+                sql,
+                verb,
+                tables,
+                name: None,
+                params: Vec::new(),
+                executed: true,
+            })
+            .collect::<Vec<_>>();
+        let mut batch = self.batch.take().unwrap_or_default();
+        self.answering
+            .push_back(std::mem::take(&mut batch.answering));
+        let mut request = self.batch_request(&batch);
+        if let Request::Postgres(PgRequest::Batch(b)) = &mut request {
+            b.statements.extend(statements);
+            if batch.statements.is_empty() && batch.parsed.is_empty() {
+                b.mode = PgProtocol::Simple;
+            }
+        }
+        self.finish(request, batch.ready_sent, ev);
+        self.in_request = false;
+        Ok(())
+    }
+
+    /// A Parse: the statement is prepared, and parsed in the batch.
+    fn parse_message(&mut self, msg: &[u8], oversized: bool) -> Result<(), String> {
+        let (stmt, sql, types) = if oversized {
+            let mut at = 5;
+            let stmt = cstr(msg, &mut at).unwrap_or_default().to_vec();
+            let sql = cstr(msg, &mut at).unwrap_or(msg.get(at..).unwrap_or_default());
+            (
+                String::from_utf8_lossy(&stmt).into_owned(),
+                String::from_utf8_lossy(sql).into_owned(),
+                Vec::new(),
+            )
+        } else {
+            let p = decode::<Parse>(msg, &self.ctx)?;
+            (name(p.name), p.query, p.type_oids)
+        };
+        let stmt = self.prepare(stmt, &sql, types);
+        if let Some(batch) = self.batch.as_mut() {
+            batch.parsed.push(stmt);
+        }
+        Ok(())
+    }
+
+    /// A Bind: the portal is remembered (an oversized one's parameters elided).
+    fn bind_message(&mut self, msg: &[u8], oversized: bool) -> Result<(), String> {
+        if oversized {
+            let mut at = 5;
+            let portal = cstr(msg, &mut at).unwrap_or_default();
+            let statement = cstr(msg, &mut at).unwrap_or_default();
+            let portal_name = String::from_utf8_lossy(portal).into_owned();
+            let portal = Portal {
+                statement: String::from_utf8_lossy(statement).into_owned(),
+                params: vec![Some("…".to_owned())],
+                formats: Vec::new(),
+            };
+            Self::remember(&mut self.portals, portal_name, portal);
+        } else {
+            let bind = decode::<Bind>(msg, &self.ctx)?;
+            self.bind(bind);
+        }
+        Ok(())
+    }
+
+    /// An Execute: the portal's statement joins the batch, awaiting its answer.
+    fn execute_message(&mut self, msg: &[u8], oversized: bool) -> Result<(), String> {
+        let portal = if oversized {
+            String::new()
+        } else {
+            name(decode::<Execute>(msg, &self.ctx)?.name)
+        };
+        let statement = self.statement(&portal);
+        let formats = self
+            .portals
+            .get(&portal)
+            .map(|p| p.formats.clone())
+            .unwrap_or_default();
+        if let Some(batch) = self.batch.as_mut() {
+            batch
+                .answering
+                .executed
+                .push((statement.name.clone().unwrap_or_default(), formats));
+            if let Some(n) = &statement.name {
+                batch.executed.push(n.clone());
+            } else {
+                batch.executed.push(String::new());
+            }
+            batch.statements.push(statement);
+        }
+        Ok(())
+    }
+
+    /// A FunctionCall: a request of its own, dropping the batch.
+    fn function_call(&mut self, ev: &mut Vec<Ev>) {
+        let statement = PgStatement {
+            sql: "function call".to_owned(),
+            verb: "FUNCTION".to_owned(),
+            tables: Vec::new(),
+            name: None,
+            params: Vec::new(),
+            executed: true,
+        };
+        self.batch = None;
+        self.answering.push_back(Answering::default());
+        let request = Request::Postgres(PgRequest::Batch(PgBatch {
+            mode: PgProtocol::Simple,
+            statements: vec![statement],
+        }));
+        self.finish(request, false, ev);
+        self.in_request = false;
     }
 
     /// The request is complete: Ready (unless already) and Done.
