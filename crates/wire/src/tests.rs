@@ -1210,6 +1210,21 @@ fn round_trips_survive_json() {
 #[ignore = "prints a measurement; run on demand"]
 fn framing_throughput() {
     let cache_value = vec![b'x'; 2048];
+    let (redis_client, redis_server) = redis_mix(&cache_value);
+    let (pg_client, pg_server) = postgres_mix(&cache_value);
+    let (http_client, http_server) = http_mix();
+    measure_framing(Protocol::Redis, Vec::new(), &redis_client, &redis_server);
+    measure_framing(
+        Protocol::Postgres,
+        postgres_prelude(),
+        &pg_client,
+        &pg_server,
+    );
+    measure_framing(Protocol::Http, Vec::new(), &http_client, &http_server);
+}
+
+/// A worker's Redis traffic (client bytes, server bytes) for [`framing_throughput`].
+fn redis_mix(cache_value: &[u8]) -> (Vec<u8>, Vec<u8>) {
     // Redis: a worker's lease, cache lookups and writes, a queue read, in pipelines.
     let mut redis_client = Vec::new();
     let mut redis_server = Vec::new();
@@ -1227,12 +1242,12 @@ fn framing_throughput() {
         b"inf:v2:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
     ]));
     redis_server.extend(format!("${}\r\n", cache_value.len()).bytes());
-    redis_server.extend_from_slice(&cache_value);
+    redis_server.extend_from_slice(cache_value);
     redis_server.extend_from_slice(b"\r\n");
     redis_client.extend(resp(&[
         b"SET",
         b"inf:v2:9f86d08188",
-        &cache_value,
+        cache_value,
         b"EX",
         b"600",
     ]));
@@ -1259,6 +1274,11 @@ fn framing_throughput() {
         b"0b7a9c",
     ]));
     redis_server.extend_from_slice(b":1\r\n");
+    (redis_client, redis_server)
+}
+
+/// A worker's PostgreSQL traffic (client bytes, server bytes) for [`framing_throughput`].
+fn postgres_mix(cache_value: &[u8]) -> (Vec<u8>, Vec<u8>) {
     // PostgreSQL: a claim and a fenced final write by name, with replies.
     let mut pg_client = Vec::new();
     let mut pg_server = Vec::new();
@@ -1295,53 +1315,11 @@ fn framing_throughput() {
         ]));
         let _ = sql;
     }
-    // HTTP: a model call.
-    let body = br#"{"input":"hello world","model_version":"v2","max_tokens":64}"#;
-    let mut http_client = format!("POST /v1/infer HTTP/1.1\r\nhost: model-b\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes();
-    http_client.extend_from_slice(body);
-    let answer = br#"{"output":"v2:hello world","model_version":"v2"}"#;
-    let mut http_server = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        answer.len()
-    )
-    .into_bytes();
-    http_server.extend_from_slice(answer);
+    (pg_client, pg_server)
+}
 
-    let measure = |protocol: Protocol,
-                   prelude: Vec<(Dir, Vec<u8>)>,
-                   client: &[u8],
-                   server: &[u8]| {
-        let (conn, collect) = open(protocol, None);
-        for (dir, bytes) in prelude {
-            match dir {
-                Client => {
-                    let _ = conn.to_server(&Bytes::from(bytes));
-                }
-                Server => conn.to_client(&Bytes::from(bytes)),
-            }
-        }
-        let rounds = (16 * 1024 * 1024) / (client.len() + server.len()) + 1;
-        let (client, server) = (
-            Bytes::copy_from_slice(client),
-            Bytes::copy_from_slice(server),
-        );
-        let started = std::time::Instant::now();
-        for _ in 0..rounds {
-            assert!(conn.to_server(&client).is_none());
-            conn.to_client(&server);
-        }
-        let elapsed = started.elapsed();
-        let bytes = rounds * (client.len() + server.len());
-        let trips = collect.trips.lock().unwrap().len();
-        assert!(collect.opaque.lock().unwrap().is_empty());
-        println!(
-            "{protocol}: {:.1} MB/s, {:.0} round trips/s ({} MB, {trips} round trips in {elapsed:.2?})",
-            bytes as f64 / elapsed.as_secs_f64() / 1e6,
-            trips as f64 / elapsed.as_secs_f64(),
-            bytes / 1_000_000,
-        );
-    };
-    measure(Protocol::Redis, Vec::new(), &redis_client, &redis_server);
+/// The startup and the statements prepared before [`postgres_mix`].
+fn postgres_prelude() -> Vec<(Dir, Vec<u8>)> {
     let mut prelude = startup_exchange();
     prelude.push((
         Client,
@@ -1379,6 +1357,54 @@ fn framing_throughput() {
             pg(ReadyForQuery::new(TransactionStatus::Idle)),
         ]),
     ));
-    measure(Protocol::Postgres, prelude, &pg_client, &pg_server);
-    measure(Protocol::Http, Vec::new(), &http_client, &http_server);
+    prelude
+}
+
+/// A worker's HTTP traffic (client bytes, server bytes) for [`framing_throughput`].
+fn http_mix() -> (Vec<u8>, Vec<u8>) {
+    // HTTP: a model call.
+    let body = br#"{"input":"hello world","model_version":"v2","max_tokens":64}"#;
+    let mut http_client = format!("POST /v1/infer HTTP/1.1\r\nhost: model-b\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes();
+    http_client.extend_from_slice(body);
+    let answer = br#"{"output":"v2:hello world","model_version":"v2"}"#;
+    let mut http_server = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        answer.len()
+    )
+    .into_bytes();
+    http_server.extend_from_slice(answer);
+    (http_client, http_server)
+}
+
+/// Frames `client` and `server` after `prelude` on one connection for 16 MB, and prints the rate.
+fn measure_framing(protocol: Protocol, prelude: Vec<(Dir, Vec<u8>)>, client: &[u8], server: &[u8]) {
+    let (conn, collect) = open(protocol, None);
+    for (dir, bytes) in prelude {
+        match dir {
+            Client => {
+                let _ = conn.to_server(&Bytes::from(bytes));
+            }
+            Server => conn.to_client(&Bytes::from(bytes)),
+        }
+    }
+    let rounds = (16 * 1024 * 1024) / (client.len() + server.len()) + 1;
+    let (client, server) = (
+        Bytes::copy_from_slice(client),
+        Bytes::copy_from_slice(server),
+    );
+    let started = std::time::Instant::now();
+    for _ in 0..rounds {
+        assert!(conn.to_server(&client).is_none());
+        conn.to_client(&server);
+    }
+    let elapsed = started.elapsed();
+    let bytes = rounds * (client.len() + server.len());
+    let trips = collect.trips.lock().unwrap().len();
+    assert!(collect.opaque.lock().unwrap().is_empty());
+    println!(
+        "{protocol}: {:.1} MB/s, {:.0} round trips/s ({} MB, {trips} round trips in {elapsed:.2?})",
+        bytes as f64 / elapsed.as_secs_f64() / 1e6,
+        trips as f64 / elapsed.as_secs_f64(),
+        bytes / 1_000_000,
+    );
 }
