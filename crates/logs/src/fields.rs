@@ -451,170 +451,249 @@ pub(super) fn canonical(
         .iter()
         .map(|(key, _)| meanings.of(key, maps))
         .collect();
-    let winner = |wanted: &dyn Fn(Meaning) -> bool| {
-        meanings
-            .iter()
-            .enumerate()
-            .filter(|(_, (_, m))| m.is_some_and(wanted))
-            .min_by_key(|(i, (tier, _))| (*tier, *i))
-            .map(|(i, _)| i)
+    let picks = Picks::of(&raw, &meanings);
+    let mut folded = Folded {
+        ts: raw.ts,
+        level: raw.level.as_deref().and_then(level_of),
+        fields: Vec::with_capacity(raw.fields.len() + 3),
+        messages: Vec::new(),
+        maybe_version: None,
+        retries: None,
+        worker: None,
+        process: None,
+        seen: Vec::new(),
     };
-    let mut ts = raw.ts;
-    let mut ts_key: Option<usize> = None;
-    if ts.is_none() {
-        ts_key = winner(&|m| m == Meaning::Ts);
+    for (i, (key, value)) in raw.fields.into_iter().enumerate() {
+        let (_, m) = meanings[i];
+        folded.field(i, key, value, m, &picks, note);
     }
-    let mut level = raw.level.as_deref().and_then(level_of);
-    let host = winner(&|m| matches!(m, Meaning::Host(_)))
-        .and_then(|first| {
-            // The most specific place wins (a pod before its node), then the lowest tier.
+    folded.derive(raw.process, raw.worker, note);
+    folded.place_status(note);
+    folded.into_line()
+}
+
+/// Which keys a line's one-valued meanings take their values from (indices into its fields).
+struct Picks {
+    /// The timestamp's, when the reader found none.
+    ts: Option<usize>,
+    /// The worker's place.
+    host: Option<usize>,
+    /// The process's.
+    process: Option<usize>,
+    /// Each seed field's best-ranked key.
+    winners: Vec<(&'static str, usize)>,
+}
+
+impl Picks {
+    /// The picks of a line whose keys have these tiers and meanings.
+    fn of(raw: &Raw, meanings: &[(u8, Option<Meaning>)]) -> Picks {
+        let winner = |wanted: &dyn Fn(Meaning) -> bool| {
             meanings
                 .iter()
                 .enumerate()
-                .filter_map(|(i, (tier, m))| match m {
-                    Some(Meaning::Host(rank)) => Some((*rank, *tier, i)),
-                    _ => None,
-                })
-                .min()
-                .map(|(_, _, i)| i)
-                .or(Some(first))
-        })
-        .filter(|&i| !raw.fields[i].1.is_empty());
-    let process_key = winner(&|m| m == Meaning::Process);
-    let mut fields: Vec<(String, String)> = Vec::with_capacity(raw.fields.len() + 3);
-    // (rank, value, index in `fields`): messages stay where they were written.
-    let mut messages: Vec<(u8, String, usize)> = Vec::new();
-    let mut maybe_version: Option<(String, String)> = None;
-    let mut retries: Option<(String, String)> = None;
-    let mut worker: Option<(String, String)> = None;
-    let mut process: Option<String> = None;
-    let mut seen: Vec<&'static str> = Vec::new();
-    // Fields the team mapped or spelled at the top, then those found in tails: a field takes its
-    // best-ranked key's value, whatever the order of the keys.
-    let mut winners: Vec<(&'static str, usize)> = Vec::new();
-    for (i, (tier, m)) in meanings.iter().enumerate() {
-        if let Some(Meaning::Field(name)) = m {
-            match winners.iter_mut().find(|(n, _)| n == name) {
-                Some(best) if meanings[best.1].0 > *tier => best.1 = i,
-                Some(_) => {}
-                None => winners.push((name, i)),
+                .filter(|(_, (_, m))| m.is_some_and(wanted))
+                .min_by_key(|(i, (tier, _))| (*tier, *i))
+                .map(|(i, _)| i)
+        };
+        let mut ts: Option<usize> = None;
+        if raw.ts.is_none() {
+            ts = winner(&|m| m == Meaning::Ts);
+        }
+        let host = winner(&|m| matches!(m, Meaning::Host(_)))
+            .and_then(|first| {
+                // The most specific place wins (a pod before its node), then the lowest tier.
+                meanings
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, (tier, m))| match m {
+                        Some(Meaning::Host(rank)) => Some((*rank, *tier, i)),
+                        _ => None,
+                    })
+                    .min()
+                    .map(|(_, _, i)| i)
+                    .or(Some(first))
+            })
+            .filter(|&i| !raw.fields[i].1.is_empty());
+        let process = winner(&|m| m == Meaning::Process);
+        // Fields the team mapped or spelled at the top, then those found in tails: a field takes
+        // its best-ranked key's value, whatever the order of the keys.
+        let mut winners: Vec<(&'static str, usize)> = Vec::new();
+        for (i, (tier, m)) in meanings.iter().enumerate() {
+            if let Some(Meaning::Field(name)) = m {
+                match winners.iter_mut().find(|(n, _)| n == name) {
+                    Some(best) if meanings[best.1].0 > *tier => best.1 = i,
+                    Some(_) => {}
+                    None => winners.push((name, i)),
+                }
             }
         }
+        Picks {
+            ts,
+            host,
+            process,
+            winners,
+        }
     }
-    for (i, (key, value)) in raw.fields.into_iter().enumerate() {
-        let (_, m) = meanings[i];
+}
+
+/// A line as its fields are folded, with what the folding found for the fields it derives.
+struct Folded {
+    ts: Option<String>,
+    level: Option<Level>,
+    fields: Vec<(String, String)>,
+    /// (rank, value, index in `fields`): messages stay where they were written.
+    messages: Vec<(u8, String, usize)>,
+    maybe_version: Option<(String, String)>,
+    retries: Option<(String, String)>,
+    worker: Option<(String, String)>,
+    process: Option<String>,
+    seen: Vec<&'static str>,
+}
+
+impl Folded {
+    /// Folds the line's `i`th field, whose key means `m`.
+    fn field(
+        &mut self,
+        i: usize,
+        key: String,
+        value: String,
+        m: Option<Meaning>,
+        picks: &Picks,
+        note: &mut dyn FnMut(&'static str, &str),
+    ) {
         match m {
-            Some(Meaning::Ts) if ts_key == Some(i) => {
+            Some(Meaning::Ts) if picks.ts == Some(i) => {
                 note("ts", &key);
-                ts = Some(value);
+                self.ts = Some(value);
             }
-            Some(Meaning::Level) if level.is_none() && level_of(&value).is_some() => {
+            Some(Meaning::Level) if self.level.is_none() && level_of(&value).is_some() => {
                 note("level", &key);
-                level = level_of(&value);
+                self.level = level_of(&value);
             }
             Some(Meaning::Message(rank)) => {
-                messages.push((rank, value.clone(), fields.len()));
-                fields.push((key, value));
+                self.messages.push((rank, value.clone(), self.fields.len()));
+                self.fields.push((key, value));
             }
-            Some(Meaning::Field(name)) if winners.contains(&(name, i)) => {
-                if !seen.contains(&name) {
-                    seen.push(name);
+            Some(Meaning::Field(name)) if picks.winners.contains(&(name, i)) => {
+                if !self.seen.contains(&name) {
+                    self.seen.push(name);
                     note(name, &key);
-                    fields.push((name.to_owned(), value));
+                    self.fields.push((name.to_owned(), value));
                 }
             }
             Some(Meaning::MaybeVersion) if looks_like_version(&value) => {
-                if maybe_version.is_none() {
-                    maybe_version = Some((key.clone(), value.clone()));
+                if self.maybe_version.is_none() {
+                    self.maybe_version = Some((key.clone(), value.clone()));
                 }
-                fields.push((key, value));
+                self.fields.push((key, value));
             }
             Some(Meaning::Retries) => {
-                if retries.is_none() {
-                    retries = Some((key.clone(), value.clone()));
+                if self.retries.is_none() {
+                    self.retries = Some((key.clone(), value.clone()));
                 }
-                fields.push((key, value));
+                self.fields.push((key, value));
             }
-            Some(Meaning::Host(_)) if host == Some(i) => {
-                worker = Some((key.clone(), value.clone()));
-                fields.push((key, value));
+            Some(Meaning::Host(_)) if picks.host == Some(i) => {
+                self.worker = Some((key.clone(), value.clone()));
+                self.fields.push((key, value));
             }
-            Some(Meaning::Process) if process_key == Some(i) && key != "process" => {
+            Some(Meaning::Process) if picks.process == Some(i) && key != "process" => {
                 note("process", &key);
-                process = Some(value.clone());
-                fields.push((key, value));
+                self.process = Some(value.clone());
+                self.fields.push((key, value));
             }
-            _ => fields.push((key, value)),
+            _ => self.fields.push((key, value)),
         }
     }
-    let has = |fields: &[(String, String)], name: &str| fields.iter().any(|(k, _)| k == name);
-    if !has(&fields, "model_version")
-        && let Some((key, version)) = maybe_version
-    {
-        note("model_version", &key);
-        fields.push(("model_version".to_owned(), version));
-    }
-    if !has(&fields, "attempt")
-        && let Some((key, retries)) = retries
-        && let Ok(retries) = retries.trim().parse::<u32>()
-    {
-        note("attempt", &key);
-        fields.push((
-            "attempt".to_owned(),
-            (retries.saturating_add(1)).to_string(),
-        ));
-    }
-    if !has(&fields, "process")
-        && let Some(process) = process.or(raw.process)
-    {
-        fields.push(("process".to_owned(), process));
-    }
-    if !has(&fields, "worker_id") {
-        if let Some((key, worker)) = worker {
-            note("worker_id", &key);
-            fields.push(("worker_id".to_owned(), worker));
-        } else if let Some(worker) = raw.worker {
-            fields.push(("worker_id".to_owned(), worker));
+
+    /// The seed fields the line did not spell but implied: the model version, the attempt (from
+    /// a retry count), the process and the worker (else the reader's).
+    fn derive(
+        &mut self,
+        raw_process: Option<String>,
+        raw_worker: Option<String>,
+        note: &mut dyn FnMut(&'static str, &str),
+    ) {
+        let fields = &mut self.fields;
+        let has = |fields: &[(String, String)], name: &str| fields.iter().any(|(k, _)| k == name);
+        if !has(fields, "model_version")
+            && let Some((key, version)) = self.maybe_version.take()
+        {
+            note("model_version", &key);
+            fields.push(("model_version".to_owned(), version));
+        }
+        if !has(fields, "attempt")
+            && let Some((key, retries)) = self.retries.take()
+            && let Ok(retries) = retries.trim().parse::<u32>()
+        {
+            note("attempt", &key);
+            fields.push((
+                "attempt".to_owned(),
+                (retries.saturating_add(1)).to_string(),
+            ));
+        }
+        if !has(fields, "process")
+            && let Some(process) = self.process.take().or(raw_process)
+        {
+            fields.push(("process".to_owned(), process));
+        }
+        if !has(fields, "worker_id") {
+            if let Some((key, worker)) = self.worker.take() {
+                note("worker_id", &key);
+                fields.push(("worker_id".to_owned(), worker));
+            } else if let Some(worker) = raw_worker {
+                fields.push(("worker_id".to_owned(), worker));
+            }
         }
     }
-    // The status: the first candidate (status, event, msg, message) that names a status word;
-    // else an explicit status or event, raw. It takes the place of an explicit `status` (whose
-    // raw text, if different, stays as `status_text`); messages stay as they were written.
-    messages.sort_by_key(|(rank, _, _)| *rank);
-    let named = messages
-        .iter()
-        .find_map(|(_, value, index)| status_of(value).map(|w| (w.as_str().to_owned(), *index)));
-    let status = named.clone().or_else(|| {
-        messages
-            .iter()
-            .find(|(rank, _, _)| *rank <= 1)
-            .map(|(_, value, index)| (value.clone(), *index))
-    });
-    if let Some((status, from)) = status {
-        note("status", &fields[from].0);
-        match messages.iter().find(|(rank, _, _)| *rank == 0) {
-            Some((_, raw, index)) => {
-                if *raw != status {
-                    fields.push(("status_text".to_owned(), raw.clone()));
+
+    /// The status: the first candidate (status, event, msg, message) that names a status word;
+    /// else an explicit status or event, raw. It takes the place of an explicit `status` (whose
+    /// raw text, if different, stays as `status_text`); messages stay as they were written.
+    fn place_status(&mut self, note: &mut dyn FnMut(&'static str, &str)) {
+        let (fields, messages) = (&mut self.fields, &mut self.messages);
+        messages.sort_by_key(|(rank, _, _)| *rank);
+        let named = messages.iter().find_map(|(_, value, index)| {
+            status_of(value).map(|w| (w.as_str().to_owned(), *index))
+        });
+        let status = named.clone().or_else(|| {
+            messages
+                .iter()
+                .find(|(rank, _, _)| *rank <= 1)
+                .map(|(_, value, index)| (value.clone(), *index))
+        });
+        if let Some((status, from)) = status {
+            note("status", &fields[from].0);
+            match messages.iter().find(|(rank, _, _)| *rank == 0) {
+                Some((_, raw, index)) => {
+                    if *raw != status {
+                        fields.push(("status_text".to_owned(), raw.clone()));
+                    }
+                    fields[*index] = ("status".to_owned(), status);
                 }
-                fields[*index] = ("status".to_owned(), status);
+                None => fields.push(("status".to_owned(), status)),
             }
-            None => fields.push(("status".to_owned(), status)),
         }
     }
-    let at = ts.as_deref().and_then(read_timestamp);
-    let line = LogLine {
-        ts: match (at, ts) {
-            // Already as the seed writes it (what [`quick_timestamp`] read, 24 bytes from a digit
-            // to the `Z`: nothing trimmed, three fraction digits): kept, not formatted again.
-            (Some(_), Some(ts)) if is_seed_timestamp(&ts) => ts,
-            (Some(at), _) => format_timestamp(at),
-            (None, ts) => ts.unwrap_or_default(),
-        },
-        level: level.unwrap_or(Level::Info),
-        fields,
-    };
-    (line, at.map(|at| at.as_millisecond()))
+
+    /// The folded line, and its time in ms when its timestamp reads.
+    fn into_line(self) -> (LogLine, Option<i64>) {
+        let (ts, level, fields) = (self.ts, self.level, self.fields);
+        let at = ts.as_deref().and_then(read_timestamp);
+        let line = LogLine {
+            ts: match (at, ts) {
+                // Already as the seed writes it (what [`quick_timestamp`] read, 24 bytes from a
+                // digit to the `Z`: nothing trimmed, three fraction digits): kept, not formatted
+                // again.
+                (Some(_), Some(ts)) if is_seed_timestamp(&ts) => ts,
+                (Some(at), _) => format_timestamp(at),
+                (None, ts) => ts.unwrap_or_default(),
+            },
+            level: level.unwrap_or(Level::Info),
+            fields,
+        };
+        (line, at.map(|at| at.as_millisecond()))
+    }
 }
 
 #[cfg(test)]
