@@ -691,44 +691,7 @@ pub async fn apply<P: Plane>(fault: &Fault, plane: &mut P) -> Result<Effect> {
                 },
             }
         }
-        Fault::Framework { kind, worker } => {
-            let id = plane.worker_id(*worker);
-            let done = match kind {
-                FaultKind::VisibilityOutlived => plane.outlive_visibility(*worker).await?,
-                FaultKind::ForcedRestore => plane.force_restore(*worker).await?,
-                FaultKind::KillPoolChild => plane.kill_pool_child(*worker).await?,
-                FaultKind::KillHolder => plane.kill_holder(*worker).await?,
-                FaultKind::KillMain => plane.kill_main(*worker).await?,
-                FaultKind::WarmShutdown => plane.warm_shutdown(*worker).await?,
-                FaultKind::HeartbeatMiss => plane.miss_heartbeats(*worker).await?,
-                FaultKind::PrefetchRestore => plane.restore_prefetched(*worker).await?,
-                FaultKind::ApiResubmission => plane.resubmit(*worker).await?,
-                FaultKind::UpstreamTimeout => plane.outlast_model_timeout(*worker).await?,
-                FaultKind::TimeLimit => plane.exceed_time_limit(*worker).await?,
-                FaultKind::Partition => plane.partition_worker(*worker).await?,
-                FaultKind::Drain => plane.drain(*worker).await?,
-                FaultKind::Cutover => plane.roll_out(*worker, false).await?,
-                FaultKind::CacheInvalidationLag => plane.roll_out(*worker, true).await?,
-                FaultKind::BackendSwitch => plane.switch_backend(*worker).await?,
-                other => {
-                    return Ok(Effect::NotApplicable {
-                        kind: *other,
-                        why: format!("{other} is not a framework fault"),
-                    });
-                }
-            };
-            match done {
-                Some(detail) => Effect::FrameworkFault {
-                    kind: *kind,
-                    worker: id,
-                    detail,
-                },
-                None => Effect::Missed {
-                    kind: *kind,
-                    why: format!("{id} had nothing in hand for {kind}"),
-                },
-            }
-        }
+        Fault::Framework { kind, worker } => apply_framework(plane, *kind, *worker).await?,
         Fault::PauseWorker { worker, ms } => {
             let id = plane.worker_id(*worker);
             match plane
@@ -745,5 +708,49 @@ pub async fn apply<P: Plane>(fault: &Fault, plane: &mut P) -> Result<Effect> {
                 },
             }
         }
+    })
+}
+
+/// Applies a framework fault of `kind` to worker `worker`, by the plane's way of causing it.
+async fn apply_framework<P: Plane>(
+    plane: &mut P,
+    kind: FaultKind,
+    worker: usize,
+) -> Result<Effect> {
+    let id = plane.worker_id(worker);
+    let done = match kind {
+        FaultKind::VisibilityOutlived => plane.outlive_visibility(worker).await?,
+        FaultKind::ForcedRestore => plane.force_restore(worker).await?,
+        FaultKind::KillPoolChild => plane.kill_pool_child(worker).await?,
+        FaultKind::KillHolder => plane.kill_holder(worker).await?,
+        FaultKind::KillMain => plane.kill_main(worker).await?,
+        FaultKind::WarmShutdown => plane.warm_shutdown(worker).await?,
+        FaultKind::HeartbeatMiss => plane.miss_heartbeats(worker).await?,
+        FaultKind::PrefetchRestore => plane.restore_prefetched(worker).await?,
+        FaultKind::ApiResubmission => plane.resubmit(worker).await?,
+        FaultKind::UpstreamTimeout => plane.outlast_model_timeout(worker).await?,
+        FaultKind::TimeLimit => plane.exceed_time_limit(worker).await?,
+        FaultKind::Partition => plane.partition_worker(worker).await?,
+        FaultKind::Drain => plane.drain(worker).await?,
+        FaultKind::Cutover => plane.roll_out(worker, false).await?,
+        FaultKind::CacheInvalidationLag => plane.roll_out(worker, true).await?,
+        FaultKind::BackendSwitch => plane.switch_backend(worker).await?,
+        other => {
+            return Ok(Effect::NotApplicable {
+                kind: other,
+                why: format!("{other} is not a framework fault"),
+            });
+        }
+    };
+    Ok(match done {
+        Some(detail) => Effect::FrameworkFault {
+            kind,
+            worker: id,
+            detail,
+        },
+        None => Effect::Missed {
+            kind,
+            why: format!("{id} had nothing in hand for {kind}"),
+        },
     })
 }
