@@ -217,28 +217,7 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
         &mut rng,
     );
 
-    let mut workers = Vec::new();
-    let mut queues = Vec::new();
-    for (index, spec) in settings.workers.iter().enumerate() {
-        let infra = links[index].infra()?.clone();
-        queues.push(Queue::over(infra.redis.clone(), &keys));
-        let worker = settings
-            .factory
-            .start(WorkerContext {
-                spec,
-                index,
-                infra,
-                keys: keys.clone(),
-                backends: &links[index].backends,
-                checkpoints: Checkpoints::free(),
-                log: log.clone(),
-                backend_timeout: settings.backend_timeout,
-                lease_ttl: settings.lease_ttl,
-                defects: settings.defects.clone(),
-            })
-            .await?;
-        workers.push(worker);
-    }
+    let (workers, queues) = start_workers(settings, &links, &keys, &log).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Tasks {
         workers,
@@ -290,38 +269,16 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
             continue;
         } else {
             let kind = settings.faults[rng.random_range(0..settings.faults.len())];
-            let version = versions[rng.random_range(0..versions.len())].clone();
-            match kind {
-                // A slow backend stays slow until the plan draws it again.
-                FaultKind::UpstreamTimeout if slow.remove(&version) => {
-                    vec![Fault::RecoverBackend { version }]
-                }
-                FaultKind::UpstreamTimeout => {
-                    slow.insert(version.clone());
-                    vec![Fault::UpstreamTimeout { version }]
-                }
-                FaultKind::BackendFailure => vec![Fault::BackendFailure {
-                    version,
-                    status: 503,
-                    calls: 2,
-                }],
-                FaultKind::LeaseExpiry if !arrivals.submitted.is_empty() => {
-                    vec![Fault::ExpireLease {
-                        request: rng.random_range(0..arrivals.submitted.len()),
-                    }]
-                }
-                FaultKind::WorkerCrash => vec![Fault::CrashWorker {
-                    worker: rng.random_range(0..settings.workers.len()),
-                }],
-                FaultKind::Partition => {
-                    let target = if rng.random_bool(0.5) {
-                        PartitionTarget::Redis
-                    } else {
-                        PartitionTarget::Postgres
-                    };
-                    vec![Fault::Partition { target }, Fault::Heal { target }]
-                }
-                _ => continue,
+            match draw(
+                kind,
+                settings,
+                &versions,
+                &mut slow,
+                arrivals.submitted.len(),
+                &mut rng,
+            ) {
+                Some(faults) => faults,
+                None => continue,
             }
         };
         for (i, fault) in faults.iter().enumerate() {
@@ -359,32 +316,7 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
             .delete_lease(&request.idempotency_key)
             .await?;
     }
-    let mut settled = false;
-    for _ in 0..(4 * requests.len() + 8) {
-        let mut progressed = false;
-        for (index, worker) in plane.workers.workers.iter().enumerate() {
-            let mut queue = plane.workers.queues[index].clone();
-            if active
-                .as_deref()
-                .is_some_and(|v| v != worker.model_version())
-                || worker.is_draining()
-            {
-                continue;
-            }
-            let delivery = match queue.receive(worker.id(), Duration::ZERO).await? {
-                Some(d) => Some(d),
-                None => queue.claim_stale(worker.id(), Duration::ZERO).await?,
-            };
-            if let Some(delivery) = delivery {
-                progressed = true;
-                process_logged(worker.as_ref(), delivery, &recorder).await;
-            }
-        }
-        if !progressed {
-            settled = true;
-            break;
-        }
-    }
+    let settled = drain_queue(&plane.workers, &recorder, active.as_deref(), requests.len()).await?;
     recorder.observe(Observation::Drained { settled });
     let mut history = crate::history::collect(
         bed.take_journals(keys.prefix()),
@@ -400,4 +332,112 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
     history.lease_ttl_ms = Some(settings.lease_ttl.as_millis() as u64);
     history.wire_recorded = wire_recorded;
     Ok(CaseResult::judge(history, &settings.invariants))
+}
+
+/// Starts the case's workers, each through its own link; with each, its view of the queue.
+async fn start_workers(
+    settings: &ChaosSettings,
+    links: &[WorkerLink],
+    keys: &Keys,
+    log: &crate::contract::log::LogSink,
+) -> Result<(Vec<Arc<dyn WorkerUnderTest>>, Vec<Queue>)> {
+    let mut workers = Vec::new();
+    let mut queues = Vec::new();
+    for (index, spec) in settings.workers.iter().enumerate() {
+        let infra = links[index].infra()?.clone();
+        queues.push(Queue::over(infra.redis.clone(), keys));
+        let worker = settings
+            .factory
+            .start(WorkerContext {
+                spec,
+                index,
+                infra,
+                keys: keys.clone(),
+                backends: &links[index].backends,
+                checkpoints: Checkpoints::free(),
+                log: log.clone(),
+                backend_timeout: settings.backend_timeout,
+                lease_ttl: settings.lease_ttl,
+                defects: settings.defects.clone(),
+            })
+            .await?;
+        workers.push(worker);
+    }
+    Ok((workers, queues))
+}
+
+/// The faults of one draw of `kind` (None: nothing to do for it now). `slow` holds the backends
+/// an upstream timeout left slow; `submitted` is how many requests are in so far.
+fn draw(
+    kind: FaultKind,
+    settings: &ChaosSettings,
+    versions: &[String],
+    slow: &mut BTreeSet<String>,
+    submitted: usize,
+    rng: &mut StdRng,
+) -> Option<Vec<Fault>> {
+    let version = versions[rng.random_range(0..versions.len())].clone();
+    Some(match kind {
+        // A slow backend stays slow until the plan draws it again.
+        FaultKind::UpstreamTimeout if slow.remove(&version) => {
+            vec![Fault::RecoverBackend { version }]
+        }
+        FaultKind::UpstreamTimeout => {
+            slow.insert(version.clone());
+            vec![Fault::UpstreamTimeout { version }]
+        }
+        FaultKind::BackendFailure => vec![Fault::BackendFailure {
+            version,
+            status: 503,
+            calls: 2,
+        }],
+        FaultKind::LeaseExpiry if submitted > 0 => {
+            vec![Fault::ExpireLease {
+                request: rng.random_range(0..submitted),
+            }]
+        }
+        FaultKind::WorkerCrash => vec![Fault::CrashWorker {
+            worker: rng.random_range(0..settings.workers.len()),
+        }],
+        FaultKind::Partition => {
+            let target = if rng.random_bool(0.5) {
+                PartitionTarget::Redis
+            } else {
+                PartitionTarget::Postgres
+            };
+            vec![Fault::Partition { target }, Fault::Heal { target }]
+        }
+        _ => return None,
+    })
+}
+
+/// The drain after the loops stopped: workers of the `active` version take what is left, in
+/// turn, until a round finds nothing (true) or the rounds run out (false).
+async fn drain_queue(
+    tasks: &Tasks,
+    recorder: &Recorder,
+    active: Option<&str>,
+    requests: usize,
+) -> Result<bool> {
+    for _ in 0..(4 * requests + 8) {
+        let mut progressed = false;
+        for (index, worker) in tasks.workers.iter().enumerate() {
+            let mut queue = tasks.queues[index].clone();
+            if active.is_some_and(|v| v != worker.model_version()) || worker.is_draining() {
+                continue;
+            }
+            let delivery = match queue.receive(worker.id(), Duration::ZERO).await? {
+                Some(d) => Some(d),
+                None => queue.claim_stale(worker.id(), Duration::ZERO).await?,
+            };
+            if let Some(delivery) = delivery {
+                progressed = true;
+                process_logged(worker.as_ref(), delivery, recorder).await;
+            }
+        }
+        if !progressed {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
