@@ -1,8 +1,9 @@
 //! Harness benchmark: how fast controlled cases run against the real containers, how soon
 //! exploration finds each defect, and how a hand-written stress test does with the same time.
 //!
-//! Why one file of ~1,000 lines: the benchmark's sections share the bed, the suites and the
-//! printing helpers, and run in one sitting so their numbers compare.
+//! Why one file of ~850 lines: the benchmark's sections share the bed, the suites and the
+//! printing helpers, and run in one sitting so their numbers compare. The baseline (section 3),
+//! which shares only the bed and the detection results, is in `harness/baseline.rs`.
 //!
 //! `cargo bench --bench harness`. It prints numbers and asserts nothing:
 //! 1. controlled cases per second of the reference worker on `lease-expiry` and `full-rollout`;
@@ -16,29 +17,22 @@
 //! The random sleeps of the baseline are the point of the baseline (that is how such tests find
 //! races, when they do); nothing else here sleeps to synchronise.
 
+#[path = "harness/baseline.rs"]
+mod baseline;
+
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config as ProptestConfig, RngAlgorithm, TestRng, TestRunner};
 use racecert::check::coverage::Coverage;
-use racecert::check::{Invariant, Violation, check};
-use racecert::contract::checkpoint::Checkpoints;
+use racecert::check::{CaseResult, Violation};
 use racecert::contract::defect::{Defect, Defects};
-use racecert::contract::log::LogSink;
-use racecert::contract::log::Status;
 use racecert::env::TestBed;
 use racecert::fault::FaultKind;
-use racecert::history::{Event, EventKind, History, SubmittedRequest, read_jobs, read_rows};
-use racecert::reference::Pipeline;
-use racecert::reference::queue::Queue;
-use racecert::reference::submit::InferenceRequest;
-use racecert::reference::worker::Worker;
+use racecert::history::{Event, EventKind};
 use racecert::runner::controlled::Controller;
 use racecert::runner::explore::{DEFAULT_CONCURRENCY, ExploreConfig, ExploreReport, explore};
+use racecert::schedule::Schedule;
 use racecert::suite::{Suite, builtin};
-use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 
@@ -50,37 +44,8 @@ const SLOW_CASE: Duration = Duration::from_millis(40);
 const DETECTION_CASES: u32 = 256;
 /// Seeds of the detection measurement.
 const DETECTION_SEEDS: u64 = 10;
-/// Seeds of the baseline.
-const BASELINE_SEEDS: u64 = 3;
 /// The least wall-clock budget a baseline gets per seed.
 const MIN_BUDGET: Duration = Duration::from_secs(2);
-/// Budget of the baseline's calibration on the correct worker.
-const CALIBRATION_BUDGET: Duration = Duration::from_secs(5);
-/// A longer budget for defects the baseline missed on every seed, to tell "too little time" from
-/// "cannot reach the race".
-const EXTENDED_BUDGET: Duration = Duration::from_secs(15);
-const EXTENDED_SEED: u64 = 100;
-
-/// Baseline: concurrent submissions of one request.
-const IDENTICAL_REQUESTS: usize = 4;
-/// Baseline (cache defects): other request ids with the same input, spread over a round.
-const SAME_INPUT_REQUESTS: usize = 6;
-/// Baseline (cache defects): the window in which submissions and the cutover happen.
-const CACHE_ROUND_WINDOW: Duration = Duration::from_millis(600);
-/// Baseline: longest random sleep between two polls of a worker.
-const MAX_POLL_PAUSE_MS: u64 = 40;
-/// Baseline: how long a round may wait for its jobs to end terminal and its deliveries to be
-/// acknowledged (a declined delivery comes back after the 1.5 s visibility timeout).
-const SETTLE_CAP: Duration = Duration::from_secs(3);
-const BASE_VISIBILITY: Duration = Duration::from_millis(1500);
-const BASE_BACKEND_TIMEOUT: Duration = Duration::from_secs(1);
-const BASE_LEASE: Duration = Duration::from_secs(2);
-const BASE_WORKERS: [(&str, &str); 4] = [
-    ("worker-a", "v1"),
-    ("worker-b", "v1"),
-    ("worker-c", "v2"),
-    ("worker-d", "v2"),
-];
 
 /// The built-in suite that catches a defect.
 fn suite_for(defect: Defect) -> &'static str {
@@ -206,8 +171,8 @@ fn step_times(events: &[Event]) -> String {
 }
 
 /// "kind ms, kind ms, ..." largest first, per case.
-fn breakdown(split: BTreeMap<&'static str, f64>, cases: f64) -> String {
-    let mut parts: Vec<(&str, f64)> = split.into_iter().collect();
+fn breakdown(split: &BTreeMap<&'static str, f64>, cases: f64) -> String {
+    let mut parts: Vec<(&str, f64)> = split.iter().map(|(kind, total)| (*kind, *total)).collect();
     parts.sort_by(|a, b| b.1.total_cmp(&a.1));
     parts
         .iter()
@@ -221,8 +186,6 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// Runs proptest-generated cases one at a time (not through `explore`, so one harness error is
-/// counted and the run goes on, and every case is timed).
 /// The suites whose cases per second are compared across versions, each also with its schedules
 /// holding workers at checkpoints only: those are the cases racecert drew before it could hold a
 /// worker between two statements (a step kind that adds work to a case), so a before/after
@@ -242,6 +205,64 @@ fn label(name: &str, between_statements: bool) -> String {
     }
 }
 
+/// What the throughput measurement saw over one suite's cases.
+#[derive(Default)]
+struct ThroughputRun {
+    times: Vec<Duration>,
+    coverage: Coverage,
+    failures: Vec<String>,
+    /// (message, schedule, time) of each case that ended in a harness error.
+    errors: Vec<(String, String, Duration)>,
+    split: BTreeMap<&'static str, f64>,
+    // Cases over SLOW_CASE, and (for those over 1 s) which faults their schedules had.
+    split_slow: BTreeMap<&'static str, f64>,
+    slow_cases: usize,
+    slowest: Option<(Duration, Vec<Event>)>,
+    very_slow_faults: BTreeMap<&'static str, usize>,
+    elapsed: Duration,
+}
+
+impl ThroughputRun {
+    /// Counts one case: its time, and what its result (or error) says.
+    fn record(
+        &mut self,
+        schedule: &Schedule,
+        took: Duration,
+        result: racecert::Result<CaseResult>,
+    ) {
+        if took > Duration::from_secs(1) {
+            let kinds: BTreeSet<&'static str> = schedule
+                .steps
+                .iter()
+                .map(|step| step_kind(&step.to_string()))
+                .collect();
+            for kind in kinds {
+                *self.very_slow_faults.entry(kind).or_insert(0) += 1;
+            }
+        }
+        self.times.push(took);
+        match result {
+            Ok(result) => {
+                if self.slowest.as_ref().is_none_or(|(t, _)| took > *t) {
+                    self.slowest = Some((took, result.history.events.clone()));
+                }
+                split_case(took, &result.history.events, &mut self.split);
+                if took > SLOW_CASE {
+                    self.slow_cases += 1;
+                    split_case(took, &result.history.events, &mut self.split_slow);
+                }
+                self.coverage.merge(&result.coverage);
+                if !result.violations.is_empty() {
+                    self.failures.push(invariant_names(&result.violations));
+                }
+            }
+            Err(err) => self
+                .errors
+                .push((err.to_string(), schedule.to_string(), took)),
+        }
+    }
+}
+
 fn throughput(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
     println!(
         "\n## 1. Controlled cases per second, reference worker ({THROUGHPUT_CASES} generated cases each, seed 0; target 100 cases/s; /ckpt: held at checkpoints only)"
@@ -250,165 +271,156 @@ fn throughput(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
         let mut suite = suite(name)?;
         suite.space.between_statements = between;
         let name = label(name, between);
-        let controller = rt.block_on(Controller::new(bed, suite.settings.clone()))?;
-        let strategy = suite.space.strategy();
-        let mut runner = TestRunner::new_with_rng(ProptestConfig::default(), test_rng(0));
-        let mut times = Vec::new();
-        let mut coverage = Coverage::default();
-        let mut failures = Vec::new();
-        let mut errors: Vec<(String, String, Duration)> = Vec::new();
-        let mut split: BTreeMap<&'static str, f64> = BTreeMap::new();
-        // Cases over SLOW_CASE, and (for those over 1 s) which faults their schedules had.
-        let mut split_slow: BTreeMap<&'static str, f64> = BTreeMap::new();
-        let mut slow_cases = 0usize;
-        let mut slowest: Option<(Duration, Vec<Event>)> = None;
-        let mut very_slow_faults: BTreeMap<&'static str, usize> = BTreeMap::new();
-        let started = Instant::now();
-        for _ in 0..THROUGHPUT_CASES {
-            let schedule = strategy
-                .new_tree(&mut runner)
-                .map_err(|e| anyhow::anyhow!("generating a schedule: {e}"))?
-                .current();
-            let case_started = Instant::now();
-            let result = rt.block_on(controller.run(&schedule));
-            let took = case_started.elapsed();
-            if took > Duration::from_secs(1) {
-                let kinds: BTreeSet<&'static str> = schedule
-                    .steps
-                    .iter()
-                    .map(|step| step_kind(&step.to_string()))
-                    .collect();
-                for kind in kinds {
-                    *very_slow_faults.entry(kind).or_insert(0) += 1;
-                }
-            }
-            times.push(took);
-            match result {
-                Ok(result) => {
-                    if slowest.as_ref().is_none_or(|(t, _)| took > *t) {
-                        slowest = Some((took, result.history.events.clone()));
-                    }
-                    split_case(took, &result.history.events, &mut split);
-                    if took > SLOW_CASE {
-                        slow_cases += 1;
-                        split_case(took, &result.history.events, &mut split_slow);
-                    }
-                    coverage.merge(&result.coverage);
-                    if !result.violations.is_empty() {
-                        failures.push(invariant_names(&result.violations));
-                    }
-                }
-                Err(err) => errors.push((err.to_string(), schedule.to_string(), took)),
-            }
-        }
-        let elapsed = started.elapsed();
-        let secs = elapsed.as_secs_f64();
-        println!(
-            "{name:<14} cases {:>4}  seconds {:>6.2}  cases/s {:>6.1}  failures {}  harness errors {}",
-            times.len(),
-            secs,
-            times.len() as f64 / secs,
-            failures.len(),
-            errors.len()
-        );
-        let mut sorted = times.clone();
-        sorted.sort();
-        let at = |q: f64| sorted[((sorted.len() as f64 * q) as usize).min(sorted.len() - 1)];
-        let quarter = times.len() / 4;
-        let mean = |slice: &[Duration]| {
-            slice.iter().sum::<Duration>().as_secs_f64() * 1e3 / slice.len().max(1) as f64
-        };
-        println!(
-            "{:<14} per case: mean {:.1} ms  p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms  max {:.1} ms; first quarter mean {:.1} ms, last quarter mean {:.1} ms",
-            "",
-            mean(&times),
-            ms(at(0.5)),
-            ms(at(0.9)),
-            ms(at(0.99)),
-            ms(at(1.0)),
-            mean(&times[..quarter]),
-            mean(&times[times.len() - quarter..])
-        );
-        let ok_cases = (times.len() - errors.len()).max(1) as f64;
-        println!(
-            "{:<14} where a case's time goes (ms per case, errored cases left out): {}",
-            "",
-            breakdown(split, ok_cases)
-        );
-        if slow_cases > 0 {
-            println!(
-                "{:<14} {slow_cases} cases over {SLOW_CASE:?}, their time (ms per case): {}",
-                "",
-                breakdown(split_slow, slow_cases as f64)
-            );
-        }
-        if let Some((took, events)) = &slowest {
-            println!(
-                "{:<14} slowest case ({:.0} ms), ms per step: {}",
-                "",
-                ms(*took),
-                step_times(events)
-            );
-        }
-        let slow: Vec<&Duration> = times
-            .iter()
-            .filter(|t| **t > Duration::from_secs(1))
-            .collect();
-        if !slow.is_empty() {
-            println!(
-                "{:<14} cases over 1 s: {} taking {:.1} s of the {:.1} s; step kinds in their schedules (cases): {}",
-                "",
-                slow.len(),
-                slow.iter().map(|t| t.as_secs_f64()).sum::<f64>(),
-                secs,
-                very_slow_faults
-                    .iter()
-                    .map(|(kind, n)| format!("{kind} {n}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-        }
-        let error_time: Duration = errors.iter().map(|(_, _, t)| *t).sum();
-        if !errors.is_empty() {
-            let ok = times.len() - errors.len();
-            println!(
-                "{:<14} without the errored cases: {ok} cases in {:.2} s = {:.1} cases/s",
-                "",
-                (elapsed - error_time).as_secs_f64(),
-                ok as f64 / (elapsed - error_time).as_secs_f64()
-            );
-            let (message, schedule, took) = &errors[0];
-            println!(
-                "{:<14} first harness error ({:.1} s): {message}\n{:<14} its schedule: {}",
-                "",
-                took.as_secs_f64(),
-                "",
-                schedule.replace('\n', " | ")
-            );
-        }
-        if !failures.is_empty() {
-            println!(
-                "{:<14} UNEXPECTED invariant failures: {}",
-                "",
-                failures.join("; ")
-            );
-        }
-        let landed: Vec<String> = coverage
-            .faults
-            .iter()
-            .map(|(kind, (applied, landed))| format!("{kind} {landed}/{applied}"))
-            .collect();
-        println!("{:<14} faults landed/applied: {}", "", landed.join(", "));
-        if let Some((applied, _)) = coverage.faults.get(&FaultKind::UpstreamTimeout) {
-            println!(
-                "{:<14} {applied} upstream-timeout faults: a slowed call waits out the {:?} backend timeout (>= {:.1} s of this run if each slowed one call)",
-                "",
-                suite.settings.backend_timeout,
-                f64::from(*applied) * suite.settings.backend_timeout.as_secs_f64()
-            );
-        }
+        let run = throughput_run(rt, bed, &suite)?;
+        print_rates(&name, &run);
+        print_time_split(&run);
+        print_errors_and_faults(&suite, &run);
     }
     Ok(())
+}
+
+/// Runs [`THROUGHPUT_CASES`] proptest-generated cases of one suite one at a time (not through
+/// `explore`, so one harness error is counted and the run goes on, and every case is timed).
+fn throughput_run(rt: &Runtime, bed: &TestBed, suite: &Suite) -> anyhow::Result<ThroughputRun> {
+    let controller = rt.block_on(Controller::new(bed, suite.settings.clone()))?;
+    let strategy = suite.space.strategy();
+    let mut runner = TestRunner::new_with_rng(ProptestConfig::default(), test_rng(0));
+    let mut run = ThroughputRun::default();
+    let started = Instant::now();
+    for _ in 0..THROUGHPUT_CASES {
+        let schedule = strategy
+            .new_tree(&mut runner)
+            .map_err(|e| anyhow::anyhow!("generating a schedule: {e}"))?
+            .current();
+        let case_started = Instant::now();
+        let result = rt.block_on(controller.run(&schedule));
+        let took = case_started.elapsed();
+        run.record(&schedule, took, result);
+    }
+    run.elapsed = started.elapsed();
+    Ok(run)
+}
+
+/// Cases per second, and the spread of a case's time.
+fn print_rates(name: &str, run: &ThroughputRun) {
+    let times = &run.times;
+    let secs = run.elapsed.as_secs_f64();
+    println!(
+        "{name:<14} cases {:>4}  seconds {:>6.2}  cases/s {:>6.1}  failures {}  harness errors {}",
+        times.len(),
+        secs,
+        times.len() as f64 / secs,
+        run.failures.len(),
+        run.errors.len()
+    );
+    let mut sorted = times.clone();
+    sorted.sort();
+    let at = |q: f64| sorted[((sorted.len() as f64 * q) as usize).min(sorted.len() - 1)];
+    let quarter = times.len() / 4;
+    let mean = |slice: &[Duration]| {
+        slice.iter().sum::<Duration>().as_secs_f64() * 1e3 / slice.len().max(1) as f64
+    };
+    println!(
+        "{:<14} per case: mean {:.1} ms  p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms  max {:.1} ms; first quarter mean {:.1} ms, last quarter mean {:.1} ms",
+        "",
+        mean(times),
+        ms(at(0.5)),
+        ms(at(0.9)),
+        ms(at(0.99)),
+        ms(at(1.0)),
+        mean(&times[..quarter]),
+        mean(&times[times.len() - quarter..])
+    );
+}
+
+/// Where the cases' time goes: all cases, the slow ones, the slowest one, those over 1 s.
+fn print_time_split(run: &ThroughputRun) {
+    let times = &run.times;
+    let ok_cases = (times.len() - run.errors.len()).max(1) as f64;
+    println!(
+        "{:<14} where a case's time goes (ms per case, errored cases left out): {}",
+        "",
+        breakdown(&run.split, ok_cases)
+    );
+    if run.slow_cases > 0 {
+        println!(
+            "{:<14} {} cases over {SLOW_CASE:?}, their time (ms per case): {}",
+            "",
+            run.slow_cases,
+            breakdown(&run.split_slow, run.slow_cases as f64)
+        );
+    }
+    if let Some((took, events)) = &run.slowest {
+        println!(
+            "{:<14} slowest case ({:.0} ms), ms per step: {}",
+            "",
+            ms(*took),
+            step_times(events)
+        );
+    }
+    let slow: Vec<&Duration> = times
+        .iter()
+        .filter(|t| **t > Duration::from_secs(1))
+        .collect();
+    if !slow.is_empty() {
+        println!(
+            "{:<14} cases over 1 s: {} taking {:.1} s of the {:.1} s; step kinds in their schedules (cases): {}",
+            "",
+            slow.len(),
+            slow.iter().map(|t| t.as_secs_f64()).sum::<f64>(),
+            run.elapsed.as_secs_f64(),
+            run.very_slow_faults
+                .iter()
+                .map(|(kind, n)| format!("{kind} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+}
+
+/// The harness errors and invariant failures of a run, and how its faults landed.
+fn print_errors_and_faults(suite: &Suite, run: &ThroughputRun) {
+    let (times, errors, elapsed) = (&run.times, &run.errors, run.elapsed);
+    let error_time: Duration = errors.iter().map(|(_, _, t)| *t).sum();
+    if !errors.is_empty() {
+        let ok = times.len() - errors.len();
+        println!(
+            "{:<14} without the errored cases: {ok} cases in {:.2} s = {:.1} cases/s",
+            "",
+            (elapsed - error_time).as_secs_f64(),
+            ok as f64 / (elapsed - error_time).as_secs_f64()
+        );
+        let (message, schedule, took) = &errors[0];
+        println!(
+            "{:<14} first harness error ({:.1} s): {message}\n{:<14} its schedule: {}",
+            "",
+            took.as_secs_f64(),
+            "",
+            schedule.replace('\n', " | ")
+        );
+    }
+    if !run.failures.is_empty() {
+        println!(
+            "{:<14} UNEXPECTED invariant failures: {}",
+            "",
+            run.failures.join("; ")
+        );
+    }
+    let landed: Vec<String> = run
+        .coverage
+        .faults
+        .iter()
+        .map(|(kind, (applied, landed))| format!("{kind} {landed}/{applied}"))
+        .collect();
+    println!("{:<14} faults landed/applied: {}", "", landed.join(", "));
+    if let Some((applied, _)) = run.coverage.faults.get(&FaultKind::UpstreamTimeout) {
+        println!(
+            "{:<14} {applied} upstream-timeout faults: a slowed call waits out the {:?} backend timeout (>= {:.1} s of this run if each slowed one call)",
+            "",
+            suite.settings.backend_timeout,
+            f64::from(*applied) * suite.settings.backend_timeout.as_secs_f64()
+        );
+    }
 }
 
 /// Cases per second as `explore` runs them: generated by proptest, run `concurrency` at a time in
@@ -508,14 +520,20 @@ fn wire_cost(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Worker processes certified as a fleet in section 1d, run after run.
+const FLEET_ROUNDS: u32 = 4;
+/// Seeds of section 1d.
+const FLEET_SEEDS: u64 = 10;
+
+/// A worker command of section 1d: its label, the command line, the defects switched on, and the
+/// invariant that should catch it.
+type FleetCase = (String, String, Defects, &'static str);
+
 /// The wire-only defects as processes: `racecert worker` with each defect switched on, and the
 /// Python example with the flag that plants the same bug, certified as a fleet (up to
 /// [`FLEET_ROUNDS`] runs) on seeds 1..=10; then the safe ones, run after run. What is printed: the
 /// seeds that caught the bug, the run that caught it, and the invariants broken.
 fn fleet_detection(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
-    use racecert::suite::certify::certify_external;
-    const FLEET_ROUNDS: u32 = 4;
-    const FLEET_SEEDS: u64 = 10;
     let reference = env!("CARGO_BIN_EXE_racecert");
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let venv =
@@ -528,7 +546,29 @@ fn fleet_detection(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
     println!(
         "\n## 1d. Wire-only defects as processes (seeds 1..={FLEET_SEEDS}, up to {FLEET_ROUNDS} fleet runs a seed)"
     );
-    let cases: Vec<(String, String, Defects, &str)> = vec![
+    // `-- fleet WORD`: only the rows whose label holds WORD.
+    let only = std::env::args().skip_while(|a| a != "fleet").nth(1);
+    let wanted = |label: &str| only.as_deref().is_none_or(|w| label.contains(w));
+    for case in fleet_cases(reference, &python) {
+        if wanted(&case.0) {
+            fleet_catch(rt, bed, case);
+        }
+    }
+    for (label, command) in [
+        ("racecert worker (safe)", format!("{reference} worker")),
+        ("worker.py (safe)", python.clone()),
+    ] {
+        if wanted(label) {
+            fleet_safe(rt, bed, label, &command);
+        }
+    }
+    Ok(())
+}
+
+/// The planted-bug rows of section 1d: each wire-only defect of the reference worker, and the
+/// Python example's flag for the same bug.
+fn fleet_cases(reference: &str, python: &str) -> Vec<FleetCase> {
+    vec![
         (
             "racecert worker".into(),
             format!("{reference} worker"),
@@ -565,79 +605,72 @@ fn fleet_detection(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
             Defects::none(),
             "no-cross-version-cache-entry",
         ),
-    ];
-    // `-- fleet WORD`: only the rows whose label holds WORD.
-    let only = std::env::args().skip_while(|a| a != "fleet").nth(1);
-    let wanted = |label: &str| only.as_deref().is_none_or(|w| label.contains(w));
-    for (label, command, defects, invariant) in cases {
-        if !wanted(&label) {
-            continue;
-        }
-        let started = Instant::now();
-        let mut caught = Vec::new();
-        let mut runs = Vec::new();
-        let mut errors = Vec::new();
-        for seed in 1..=FLEET_SEEDS {
-            let run = certify_external(bed, &command, FLEET_ROUNDS, seed, &defects, |_| {});
-            let outcome = match rt.block_on(run) {
-                Ok(outcome) => outcome,
-                Err(err) => {
-                    // A harness error is no verdict: counted and shown, never a catch.
-                    errors.push(format!("seed {seed}: {err}"));
-                    continue;
-                }
-            };
-            let broken: Vec<String> = outcome
-                .counterexample
-                .iter()
-                .flat_map(|c| c.violations.iter().map(|v| v.invariant.clone()))
-                .collect();
-            if broken.iter().any(|b| b == invariant) {
-                caught.push(seed);
-                runs.push(outcome.cases_run);
+    ]
+}
+
+/// Certifies one planted-bug row on every seed and prints the seeds (and runs) that caught it.
+fn fleet_catch(rt: &Runtime, bed: &TestBed, (label, command, defects, invariant): FleetCase) {
+    use racecert::suite::certify::certify_external;
+    let started = Instant::now();
+    let mut caught = Vec::new();
+    let mut runs = Vec::new();
+    let mut errors = Vec::new();
+    for seed in 1..=FLEET_SEEDS {
+        let run = certify_external(bed, &command, FLEET_ROUNDS, seed, &defects, |_| {});
+        let outcome = match rt.block_on(run) {
+            Ok(outcome) => outcome,
+            Err(err) => {
+                // A harness error is no verdict: counted and shown, never a catch.
+                errors.push(format!("seed {seed}: {err}"));
+                continue;
             }
-        }
-        let defect = defects
-            .iter()
-            .next()
-            .map_or(String::new(), |d| format!(" {d}"));
-        let errors = if errors.is_empty() {
-            String::new()
-        } else {
-            format!("; harness errors: {errors:?}")
         };
-        println!(
-            "{label:<36}{defect} -> {invariant}: caught on {}/{FLEET_SEEDS} seeds, in run {:?}, {:.0} s{errors}",
-            caught.len(),
-            runs,
-            started.elapsed().as_secs_f64()
-        );
-    }
-    for (label, command) in [
-        ("racecert worker (safe)", format!("{reference} worker")),
-        ("worker.py (safe)", python.clone()),
-    ] {
-        if !wanted(label) {
-            continue;
+        let broken: Vec<String> = outcome
+            .counterexample
+            .iter()
+            .flat_map(|c| c.violations.iter().map(|v| v.invariant.clone()))
+            .collect();
+        if broken.iter().any(|b| b == invariant) {
+            caught.push(seed);
+            runs.push(outcome.cases_run);
         }
-        let started = Instant::now();
-        let mut held = 0;
-        let mut broke = Vec::new();
-        let safe = Defects::none();
-        for seed in 1..=20 {
-            let run = certify_external(bed, &command, 1, seed, &safe, |_| {});
-            match rt.block_on(run) {
-                Ok(outcome) if outcome.held => held += 1,
-                Ok(_) => broke.push(format!("seed {seed}")),
-                Err(err) => broke.push(format!("seed {seed}: harness error {err}")),
-            }
-        }
-        println!(
-            "{label:<36} passed {held}/20 runs in a row (not passed: {broke:?}), {:.0} s",
-            started.elapsed().as_secs_f64()
-        );
     }
-    Ok(())
+    let defect = defects
+        .iter()
+        .next()
+        .map_or(String::new(), |d| format!(" {d}"));
+    let errors = if errors.is_empty() {
+        String::new()
+    } else {
+        format!("; harness errors: {errors:?}")
+    };
+    println!(
+        "{label:<36}{defect} -> {invariant}: caught on {}/{FLEET_SEEDS} seeds, in run {:?}, {:.0} s{errors}",
+        caught.len(),
+        runs,
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Certifies a safe worker command 20 times, one run a seed, and prints how many runs passed.
+fn fleet_safe(rt: &Runtime, bed: &TestBed, label: &str, command: &str) {
+    use racecert::suite::certify::certify_external;
+    let started = Instant::now();
+    let mut held = 0;
+    let mut broke = Vec::new();
+    let safe = Defects::none();
+    for seed in 1..=20 {
+        let run = certify_external(bed, command, 1, seed, &safe, |_| {});
+        match rt.block_on(run) {
+            Ok(outcome) if outcome.held => held += 1,
+            Ok(_) => broke.push(format!("seed {seed}")),
+            Err(err) => broke.push(format!("seed {seed}: harness error {err}")),
+        }
+    }
+    println!(
+        "{label:<36} passed {held}/20 runs in a row (not passed: {broke:?}), {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -766,467 +799,6 @@ fn detection(rt: &Runtime, bed: &TestBed) -> anyhow::Result<Vec<Detection>> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 3. Baseline: a free-running stress test with random sleeps
-
-/// What one baseline round saw.
-struct Round {
-    violations: Vec<Violation>,
-    /// Deliveries handed out again after the visibility timeout (`retry_dispatched`): the only
-    /// way a free-running round can overlap two attempts of one job.
-    redeliveries: usize,
-    /// Whether every job ended terminal with every delivery acknowledged before the cap.
-    settled: bool,
-    /// What was left when a round did not settle.
-    unsettled: Option<String>,
-    worker_errors: usize,
-}
-
-/// Something the coordinator of a round does at an offset from the round's start.
-enum Action {
-    Submit(String),
-    Cutover,
-    Invalidate,
-}
-
-async fn baseline_round(
-    bed: &TestBed,
-    defects: &Defects,
-    cache_traffic: bool,
-    namespace: &str,
-    seed: u64,
-) -> anyhow::Result<Round> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let pipeline = Pipeline::on(bed, namespace, LogSink::default()).await?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut workers = tokio::task::JoinSet::new();
-    for (i, (id, version)) in BASE_WORKERS.iter().enumerate() {
-        let config = pipeline
-            .worker_config(id, version)
-            .backend_timeout(BASE_BACKEND_TIMEOUT)
-            .upstream_warn_after(BASE_BACKEND_TIMEOUT / 2)
-            .visibility_timeout(BASE_VISIBILITY)
-            .lease_ttl(BASE_LEASE)
-            .defects(defects.clone())
-            .seed(seed)
-            .build()?;
-        let worker: Worker = pipeline.worker(config, Checkpoints::free()).await?;
-        let stop = stop.clone();
-        let mut pauses = StdRng::seed_from_u64(seed.wrapping_mul(31).wrapping_add(i as u64 + 1));
-        workers.spawn(async move {
-            let mut errors = 0usize;
-            while !stop.load(Ordering::SeqCst) {
-                if worker.poll_once().await.is_err() {
-                    errors += 1;
-                }
-                let pause = pauses.random_range(0..=MAX_POLL_PAUSE_MS);
-                tokio::time::sleep(Duration::from_millis(pause)).await;
-            }
-            errors
-        });
-    }
-
-    // The coordinator's plan: N identical submissions at once, and for the cache defects the
-    // same input under other request ids at random times, a cutover half way and the (late)
-    // invalidation of the old cache entries a little after it.
-    let mut plan: Vec<(Duration, Action)> = Vec::new();
-    if cache_traffic {
-        for r in 1..=SAME_INPUT_REQUESTS {
-            let at = rng.random_range(0..CACHE_ROUND_WINDOW.as_millis() as u64);
-            plan.push((
-                Duration::from_millis(at),
-                Action::Submit(format!("req-{r}")),
-            ));
-        }
-        let half = CACHE_ROUND_WINDOW / 2;
-        plan.push((half, Action::Cutover));
-        let lag = rng.random_range(0..=CACHE_ROUND_WINDOW.as_millis() as u64 / 4);
-        plan.push((half + Duration::from_millis(lag), Action::Invalidate));
-    }
-    plan.sort_by_key(|(at, _)| *at);
-
-    let started = tokio::time::Instant::now();
-    let mut submissions = tokio::task::JoinSet::new();
-    for _ in 0..IDENTICAL_REQUESTS {
-        let mut api = pipeline.api.clone();
-        submissions.spawn(async move {
-            api.submit(&InferenceRequest {
-                request_id: "req-0".into(),
-                input: "input-0".into(),
-            })
-            .await
-            .map(|s| ("req-0".to_string(), s.idempotency_key))
-        });
-    }
-    let mut cutover = None;
-    for (at, action) in plan {
-        tokio::time::sleep_until(started + at).await;
-        match action {
-            Action::Submit(request_id) => {
-                let mut api = pipeline.api.clone();
-                submissions.spawn(async move {
-                    api.submit(&InferenceRequest {
-                        request_id: request_id.clone(),
-                        input: "input-0".into(),
-                    })
-                    .await
-                    .map(|s| (request_id, s.idempotency_key))
-                });
-            }
-            Action::Cutover => cutover = Some(pipeline.cutover("v2", defects).await?),
-            Action::Invalidate => {
-                if let Some(cutover) = cutover.as_mut() {
-                    pipeline.invalidate(cutover).await?;
-                }
-            }
-        }
-    }
-    let mut requests: Vec<SubmittedRequest> = Vec::new();
-    while let Some(joined) = submissions.join_next().await {
-        let (request_id, idempotency_key) = joined??;
-        if !requests
-            .iter()
-            .any(|r| r.idempotency_key == idempotency_key)
-        {
-            // Every request of the baseline has the same input.
-            requests.push(SubmittedRequest {
-                request_id,
-                idempotency_key,
-                input: "input-0".into(),
-            });
-        }
-    }
-
-    // End of the round: every job terminal and every delivery acknowledged, or the cap.
-    let prefix = pipeline.keys.prefix().to_owned();
-    let mut queue = Queue::open(pipeline.infra.redis.clone(), &pipeline.keys).await?;
-    let settle_deadline = tokio::time::Instant::now() + SETTLE_CAP;
-    let mut settled = false;
-    while tokio::time::Instant::now() < settle_deadline {
-        let jobs = read_jobs(&pipeline.infra.pg, &prefix).await?;
-        let terminal = requests.iter().all(|r| {
-            jobs.iter().any(|j| {
-                j.idempotency_key == r.idempotency_key
-                    && matches!(j.status.as_str(), "SUCCEEDED" | "FAILED" | "CANCELLED")
-            })
-        });
-        if terminal && queue.pending_count().await? == 0 {
-            settled = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    stop.store(true, Ordering::SeqCst);
-    let mut worker_errors = 0;
-    while let Some(joined) = workers.join_next().await {
-        worker_errors += joined?;
-    }
-
-    let events = pipeline
-        .log
-        .lines()
-        .into_iter()
-        .map(|line| Event {
-            step: 0,
-            at_ms: 0,
-            kind: EventKind::Worker(line),
-        })
-        .collect();
-    let mut journal = Vec::new();
-    for version in bed.versions() {
-        journal.extend(bed.backend(version)?.journal(Some(&prefix)).await);
-    }
-    let (audit, jobs) = read_rows(&pipeline.infra.pg, &prefix).await?;
-    let history = History {
-        events,
-        audit,
-        journal,
-        jobs,
-        requests,
-        lease_ttl_ms: Some(BASE_LEASE.as_millis() as u64),
-        namespace: Some(prefix.clone()),
-        wire_recorded: false,
-        layout: racecert::contract::layout::KeyLayout::contract(&prefix),
-        ..History::default()
-    };
-    let violations = check(&history, &Invariant::ALL);
-    let redeliveries = history.with_status(Status::RetryDispatched).count();
-    // A round that did not settle: say what was left, so a missed cap is told from a stuck job.
-    let unsettled = if settled {
-        None
-    } else {
-        let pending = queue.pending_count().await?;
-        let stuck: Vec<String> = history
-            .jobs
-            .iter()
-            .filter(|j| !matches!(j.status.as_str(), "SUCCEEDED" | "FAILED" | "CANCELLED"))
-            .map(|j| {
-                let trail: Vec<String> = history
-                    .events
-                    .iter()
-                    .filter_map(|e| e.line())
-                    .filter(|line| line.get("idempotency_key") == Some(j.idempotency_key.as_str()))
-                    .map(|line| {
-                        format!(
-                            "{}:{}",
-                            line.get("worker_id").unwrap_or("-"),
-                            line.status().unwrap_or("-")
-                        )
-                    })
-                    .collect();
-                format!("{} {} [{}]", j.request_id, j.status, trail.join(" "))
-            })
-            .collect();
-        Some(format!(
-            "{namespace}: {pending} deliveries unacknowledged; not terminal: {}",
-            if stuck.is_empty() {
-                "none".to_string()
-            } else {
-                stuck.join("; ")
-            }
-        ))
-    };
-    pipeline.infra.pg.close().await;
-    Ok(Round {
-        violations,
-        redeliveries,
-        settled,
-        unsettled,
-        worker_errors,
-    })
-}
-
-/// One seed of the baseline: rounds until a violation or the budget is spent (a round started
-/// within the budget runs to its end).
-struct BaselineRun {
-    rounds: u32,
-    /// (round, seconds) of the first round with a violation.
-    found: Option<(u32, f64)>,
-    invariants: String,
-    elapsed: f64,
-    unsettled: u32,
-    unsettled_details: Vec<String>,
-    worker_errors: usize,
-    redeliveries: usize,
-    errors: Vec<String>,
-}
-
-fn baseline_seed(
-    rt: &Runtime,
-    bed: &TestBed,
-    label: &str,
-    defects: &Defects,
-    cache_traffic: bool,
-    seed: u64,
-    budget: Duration,
-) -> anyhow::Result<BaselineRun> {
-    let started = Instant::now();
-    let mut run = BaselineRun {
-        rounds: 0,
-        found: None,
-        invariants: String::new(),
-        elapsed: 0.0,
-        unsettled: 0,
-        unsettled_details: Vec::new(),
-        worker_errors: 0,
-        redeliveries: 0,
-        errors: Vec::new(),
-    };
-    while started.elapsed() < budget {
-        let round = run.rounds;
-        let namespace = format!("{label}-base{seed}r{round}");
-        let round_seed = seed.wrapping_mul(1_000_003).wrapping_add(u64::from(round));
-        let result = rt.block_on(baseline_round(
-            bed,
-            defects,
-            cache_traffic,
-            &namespace,
-            round_seed,
-        ));
-        run.rounds += 1;
-        let result = match result {
-            Ok(result) => result,
-            // A round the harness could not run is not a finding: count it and go on.
-            Err(err) => {
-                run.errors.push(format!("round {round}: {err}"));
-                continue;
-            }
-        };
-        run.unsettled += u32::from(!result.settled);
-        run.unsettled_details.extend(result.unsettled.clone());
-        run.worker_errors += result.worker_errors;
-        run.redeliveries += result.redeliveries;
-        if !result.violations.is_empty() {
-            run.found = Some((run.rounds, started.elapsed().as_secs_f64()));
-            run.invariants = invariant_names(&result.violations);
-            break;
-        }
-    }
-    run.elapsed = started.elapsed().as_secs_f64();
-    Ok(run)
-}
-
-fn baseline(rt: &Runtime, bed: &TestBed, detections: &[Detection]) -> anyhow::Result<()> {
-    println!(
-        "\n## 3. Baseline stress test: {} workers (2 on v1, 2 on v2, free running, sleeps 0-{MAX_POLL_PAUSE_MS} ms between polls),",
-        BASE_WORKERS.len()
-    );
-    println!(
-        "##    {IDENTICAL_REQUESTS} concurrent identical requests per round (+{SAME_INPUT_REQUESTS} same-input requests and a cutover to v2 half way for the cache defects),"
-    );
-    println!(
-        "##    visibility {BASE_VISIBILITY:?}, backend timeout {BASE_BACKEND_TIMEOUT:?}, lease {BASE_LEASE:?}; invariants checked at the end of each round; seeds 0..{BASELINE_SEEDS}"
-    );
-    println!(
-        "##    budget per seed = racecert's mean detection time, at least {MIN_BUDGET:?}; a round started within the budget runs to its end"
-    );
-
-    // Calibration: the correct worker must not trip the baseline's own checks.
-    for (cache_traffic, what) in [(false, "plain rounds"), (true, "cutover rounds")] {
-        let run = baseline_seed(
-            rt,
-            bed,
-            if cache_traffic { "refcut" } else { "ref" },
-            &Defects::none(),
-            cache_traffic,
-            0,
-            CALIBRATION_BUDGET,
-        )?;
-        println!(
-            "reference worker, {what:<14}: {} rounds in {:.2} s, {} (redeliveries {}, unsettled rounds {}, worker errors {})",
-            run.rounds,
-            run.elapsed,
-            match run.found {
-                Some((round, _)) => format!("FALSE ALARM in round {round}: {}", run.invariants),
-                None => "no violation".into(),
-            },
-            run.redeliveries,
-            run.unsettled,
-            run.worker_errors
-        );
-        for error in &run.errors {
-            println!("  round error: {error}");
-        }
-        for detail in &run.unsettled_details {
-            println!("  unsettled round {detail}");
-        }
-    }
-
-    println!(
-        "{:<24} {:>7}  {:<58} {:>9} {:>9} {:>9}",
-        "defect",
-        "budget",
-        "baseline per seed (yes/late: round/seconds)",
-        "in budget",
-        "+overrun",
-        "racecert"
-    );
-    let mut never = Vec::new();
-    for d in detections {
-        let budget = d.budget();
-        let defects = Defects::of([d.defect]);
-        let mut cells = Vec::new();
-        let (mut in_budget, mut with_overrun) = (0, 0);
-        let mut redeliveries = 0;
-        let mut notes = BTreeSet::new();
-        let mut details = Vec::new();
-        for seed in 0..BASELINE_SEEDS {
-            let run = baseline_seed(
-                rt,
-                bed,
-                d.defect.name(),
-                &defects,
-                is_cache_defect(d.defect),
-                seed,
-                budget,
-            )?;
-            redeliveries += run.redeliveries;
-            details.extend(run.unsettled_details.iter().cloned());
-            let on_time = run
-                .found
-                .is_some_and(|(_, secs)| secs <= budget.as_secs_f64());
-            in_budget += usize::from(on_time);
-            with_overrun += usize::from(run.found.is_some());
-            cells.push(match run.found {
-                Some((round, secs)) => format!(
-                    "s{seed}:{} r{round}/{secs:.2}s",
-                    if on_time { "yes" } else { "late" },
-                ),
-                None => format!("s{seed}:no {}r/{:.1}s", run.rounds, run.elapsed),
-            });
-            if !run.invariants.is_empty() {
-                notes.insert(run.invariants.clone());
-            }
-            if run.unsettled > 0 {
-                notes.insert(format!("s{seed}: {} unsettled round(s)", run.unsettled));
-            }
-            if let Some(first) = run.errors.first() {
-                notes.insert(format!(
-                    "s{seed}: {} round error(s), first: {first}",
-                    run.errors.len()
-                ));
-            }
-        }
-        if with_overrun == 0 {
-            never.push(d.defect);
-        }
-        println!(
-            "{:<24} {:>6.2}s  {:<58} {:>7}/{:<1} {:>7}/{:<1} {:>6}/{:<2}  redeliveries {redeliveries}{}{}",
-            d.defect.name(),
-            budget.as_secs_f64(),
-            cells.join("  "),
-            in_budget,
-            BASELINE_SEEDS,
-            with_overrun,
-            BASELINE_SEEDS,
-            d.detected(),
-            DETECTION_SEEDS,
-            if notes.is_empty() { "" } else { "; " },
-            notes.into_iter().collect::<Vec<_>>().join("; ")
-        );
-        for detail in details {
-            println!("  unsettled round {detail}");
-        }
-    }
-
-    // Is a miss a matter of time? Give the baseline a much longer budget where it always missed.
-    if !never.is_empty() {
-        println!(
-            "extended baseline, seed {EXTENDED_SEED}, budget {EXTENDED_BUDGET:?}, for the defects it missed on every seed:"
-        );
-    }
-    for defect in never {
-        let run = baseline_seed(
-            rt,
-            bed,
-            &format!("{}-ext", defect.name()),
-            &Defects::of([defect]),
-            is_cache_defect(defect),
-            EXTENDED_SEED,
-            EXTENDED_BUDGET,
-        )?;
-        println!(
-            "{:<24} {} rounds in {:.1} s: {} (redeliveries {}, worker errors {}, round errors {})",
-            defect.name(),
-            run.rounds,
-            run.elapsed,
-            match run.found {
-                Some((round, secs)) => {
-                    format!("found in round {round} at {secs:.2} s: {}", run.invariants)
-                }
-                None => "no violation".into(),
-            },
-            run.redeliveries,
-            run.worker_errors,
-            run.errors.len()
-        );
-        for detail in &run.unsettled_details {
-            println!("  unsettled round {detail}");
-        }
-    }
-    Ok(())
-}
-
-// ---------------------------------------------------------------------------------------------
 
 /// `cargo bench --bench harness -- throughput` runs sections 1 and 1b only; `-- wire` section 1c
 /// only; `-- fleet` section 1d only (worker processes; minutes); `-- detection` section 2 only.
@@ -1248,7 +820,7 @@ fn run(rt: &Runtime, bed: &TestBed) -> anyhow::Result<()> {
         return Ok(());
     }
     let detections = detection(rt, bed)?;
-    baseline(rt, bed, &detections)
+    baseline::baseline(rt, bed, &detections)
 }
 
 fn main() -> anyhow::Result<()> {
