@@ -112,6 +112,21 @@ fn arg(name: &str, default: u32) -> u32 {
         .unwrap_or(default)
 }
 
+/// RSS and live heap (MiB) sampled after each step of a phase.
+#[derive(Default)]
+struct Samples {
+    rss: Vec<f64>,
+    heap: Vec<f64>,
+}
+
+impl Samples {
+    /// Takes one sample of each.
+    fn take(&mut self) {
+        self.rss.push(rss_mib());
+        self.heap.push(heap_mib());
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let total_cases = arg("--cases", 10_000);
     let fleet_runs = arg("--fleet-runs", 20);
@@ -130,14 +145,61 @@ fn main() -> anyhow::Result<()> {
         bed.startup_time()
     );
 
-    // 1. Reference cases across the shipped suites.
+    let cases = reference_cases(&runtime, &bed, total_cases)?;
+
+    // 2. Consecutive fleet runs of the safe Python worker.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let venv = Venv::ensure(&root.join("examples/python-worker/requirements.txt"))?;
+    let script = root.join("examples/python-worker/worker.py");
+    let command = format!("{} {}", venv.python().display(), script.display());
+    let needle = script.display().to_string();
+    let fleet = safe_fleet_runs(&runtime, &bed, &command, &needle, fleet_runs)?;
+
+    // 3. Leftovers once the bed is gone.
+    let me = reaper::Owner::current();
+    runtime.block_on(bed.shutdown());
+    let containers = reaper::list_managed()?
+        .into_iter()
+        .filter(|c| c.owner == me)
+        .count();
+    let workers_left = processes(&needle).len();
+    let rss_end = rss_mib();
+    let heap_end = heap_mib();
+    let first = |v: &[f64]| v.first().copied().unwrap_or(0.0);
+    let last = |v: &[f64]| v.last().copied().unwrap_or(0.0);
+    println!(
+        "after: {containers} containers of this process, {workers_left} worker processes; total {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    println!(
+        "RSS MiB: start {rss_start:.1}, bed up {rss_bed:.1}, after the first suite {:.1}, after the last suite {:.1}, after the first fleet run {:.1}, after the last fleet run {:.1}, end {rss_end:.1}",
+        first(&cases.rss),
+        last(&cases.rss),
+        first(&fleet.rss),
+        last(&fleet.rss)
+    );
+    println!(
+        "live heap MiB: start {heap_start:.1}, bed up {heap_bed:.1}, after the first suite {:.1}, after the last suite {:.1}, after the first fleet run {:.1}, after the last fleet run {:.1}, end {heap_end:.1}",
+        first(&cases.heap),
+        last(&cases.heap),
+        first(&fleet.heap),
+        last(&fleet.heap)
+    );
+    Ok(())
+}
+
+/// 1. Reference cases across the shipped suites; memory sampled after each suite.
+fn reference_cases(
+    runtime: &tokio::runtime::Runtime,
+    bed: &TestBed,
+    total_cases: u32,
+) -> anyhow::Result<Samples> {
     let mut suites = racecert::suite::shipped();
     suites.sort_by(|a, b| a.suite.name.cmp(&b.suite.name));
     let per = total_cases / suites.len() as u32;
     let extra = total_cases % suites.len() as u32;
     let (mut cases_run, mut violations) = (0u32, 0usize);
-    let mut rss_cases = Vec::new();
-    let mut heap_cases = Vec::new();
+    let mut samples = Samples::default();
     let phase = Instant::now();
     for (index, mut loaded) in suites.into_iter().enumerate() {
         let cases = per + u32::from((index as u32) < extra);
@@ -149,7 +211,7 @@ fn main() -> anyhow::Result<()> {
         };
         let suite_started = Instant::now();
         let report = runtime.block_on(certify(
-            &bed,
+            bed,
             std::slice::from_ref(&loaded),
             &options,
             |_, _| {},
@@ -175,30 +237,34 @@ fn main() -> anyhow::Result<()> {
                 heap_mib()
             );
         }
-        rss_cases.push(rss_mib());
-        heap_cases.push(heap_mib());
+        samples.take();
     }
     let cases_secs = phase.elapsed().as_secs_f64();
     println!(
         "reference: {cases_run} cases in {cases_secs:.0}s ({:.1} cases/s), {violations} violations",
         f64::from(cases_run) / cases_secs
     );
+    Ok(samples)
+}
 
-    // 2. Consecutive fleet runs of the safe Python worker.
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let venv = Venv::ensure(&root.join("examples/python-worker/requirements.txt"))?;
-    let script = root.join("examples/python-worker/worker.py");
-    let command = format!("{} {}", venv.python().display(), script.display());
-    let needle = script.display().to_string();
+/// `fleet_runs` consecutive one-round fleet runs of `command`, each with its own seed, counting
+/// violations and the worker processes (command lines holding `needle`) left after each;
+/// memory sampled after each run.
+fn safe_fleet_runs(
+    runtime: &tokio::runtime::Runtime,
+    bed: &TestBed,
+    command: &str,
+    needle: &str,
+    fleet_runs: u32,
+) -> anyhow::Result<Samples> {
     let (mut fleet_violations, mut fleet_left, mut fleet_held) = (0usize, 0usize, 0u32);
-    let mut rss_fleet = Vec::new();
-    let mut heap_fleet = Vec::new();
+    let mut samples = Samples::default();
     let phase = Instant::now();
     for run in 0..fleet_runs {
         let run_started = Instant::now();
         let outcome = runtime.block_on(certify_external(
-            &bed,
-            &command,
+            bed,
+            command,
             1,
             1 + u64::from(run),
             &Defects::none(),
@@ -211,10 +277,9 @@ fn main() -> anyhow::Result<()> {
             .collect();
         fleet_violations += broken.len();
         fleet_held += u32::from(outcome.held);
-        let left = processes(&needle);
+        let left = processes(needle);
         fleet_left += left.len();
-        rss_fleet.push(rss_mib());
-        heap_fleet.push(heap_mib());
+        samples.take();
         println!(
             "  fleet run {:>2}: {:>5.1}s  {}  worker processes left {}  RSS {:.1} MiB  heap {:.1} MiB",
             run + 1,
@@ -233,36 +298,5 @@ fn main() -> anyhow::Result<()> {
     println!(
         "fleet: {fleet_runs} runs in {fleet_secs:.0}s, {fleet_held} held, {fleet_violations} violations, {fleet_left} worker processes left over all runs"
     );
-
-    // 3. Leftovers once the bed is gone.
-    let me = reaper::Owner::current();
-    runtime.block_on(bed.shutdown());
-    let containers = reaper::list_managed()?
-        .into_iter()
-        .filter(|c| c.owner == me)
-        .count();
-    let workers_left = processes(&needle).len();
-    let rss_end = rss_mib();
-    let heap_end = heap_mib();
-    let first = |v: &[f64]| v.first().copied().unwrap_or(0.0);
-    let last = |v: &[f64]| v.last().copied().unwrap_or(0.0);
-    println!(
-        "after: {containers} containers of this process, {workers_left} worker processes; total {:.0}s",
-        started.elapsed().as_secs_f64()
-    );
-    println!(
-        "RSS MiB: start {rss_start:.1}, bed up {rss_bed:.1}, after the first suite {:.1}, after the last suite {:.1}, after the first fleet run {:.1}, after the last fleet run {:.1}, end {rss_end:.1}",
-        first(&rss_cases),
-        last(&rss_cases),
-        first(&rss_fleet),
-        last(&rss_fleet)
-    );
-    println!(
-        "live heap MiB: start {heap_start:.1}, bed up {heap_bed:.1}, after the first suite {:.1}, after the last suite {:.1}, after the first fleet run {:.1}, after the last fleet run {:.1}, end {heap_end:.1}",
-        first(&heap_cases),
-        last(&heap_cases),
-        first(&heap_fleet),
-        last(&heap_fleet)
-    );
-    Ok(())
+    Ok(samples)
 }
