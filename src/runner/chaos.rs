@@ -186,18 +186,12 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
         ));
     }
     let started = Instant::now();
-    let namespace = format!(
+    let keys = Keys::namespaced(&format!(
         "x{}c{}",
         std::process::id(),
         CHAOS_RUNS.fetch_add(1, Ordering::Relaxed)
-    );
-    let keys = Keys::namespaced(&namespace);
-    // Faults touch this case only, and every round trip is attributed: each worker has proxies
-    // of its own for Redis, Postgres and each backend.
-    let mut links = Vec::new();
-    for _ in &settings.workers {
-        links.push(WorkerLink::open(bed, true, true).await?);
-    }
+    ));
+    let links = open_links(bed, settings.workers.len()).await?;
     let versions: Vec<String> = bed.versions().into_iter().map(str::to_owned).collect();
     let admin =
         Infra::connect_harness(&bed.harness_redis_url(), &bed.harness_database_url()).await?;
@@ -219,17 +213,6 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
 
     let (workers, queues) = start_workers(settings, &links, &keys, &log).await?;
     let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Tasks {
-        workers,
-        tasks: Vec::new(),
-        queues: queues.clone(),
-        visibility: settings.visibility_timeout,
-        stop: stop.clone(),
-        seed: settings.seed,
-        recorder: recorder.clone(),
-        crashes: 0,
-    };
-    tasks.tasks = (0..tasks.workers.len()).map(|i| tasks.spawn(i)).collect();
     let mut plane = CasePlane {
         services: Services::new(
             bed,
@@ -240,13 +223,9 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
             settings.defects.clone(),
             settings.backend_timeout,
         ),
-        workers: tasks,
+        workers: Tasks::started(workers, queues, settings, &stop, &recorder),
     };
-
-    let mut wire_recorded = true;
-    for (index, spec) in settings.workers.iter().enumerate() {
-        wire_recorded &= plane.services.record(index, &spec.id, &recorder);
-    }
+    let wire_recorded = plane.services.record_all(&settings.workers, &recorder);
     // The fault plan: a seeded sequence of faults at seeded times, each one a step.
     let deadline = started + settings.duration;
     let mut cutover_done = settings.cutover_to.is_none();
@@ -260,26 +239,18 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
         if !rng.random_bool(0.35) {
             continue;
         }
-        let faults: Vec<Fault> = if !cutover_done && started.elapsed() >= settings.duration / 2 {
-            cutover_done = true;
-            vec![Fault::Cutover {
-                to: settings.cutover_to.clone().unwrap_or_default(),
-            }]
-        } else if settings.faults.is_empty() {
+        let submitted = arrivals.submitted.len();
+        let drawn = next_faults(
+            &mut cutover_done,
+            started,
+            settings,
+            &versions,
+            &mut slow,
+            submitted,
+            &mut rng,
+        );
+        let Some(faults) = drawn else {
             continue;
-        } else {
-            let kind = settings.faults[rng.random_range(0..settings.faults.len())];
-            match draw(
-                kind,
-                settings,
-                &versions,
-                &mut slow,
-                arrivals.submitted.len(),
-                &mut rng,
-            ) {
-                Some(faults) => faults,
-                None => continue,
-            }
         };
         for (i, fault) in faults.iter().enumerate() {
             if i > 0 {
@@ -300,13 +271,7 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
         "drain: heal, stop the loops, expire leases, redeliver".into(),
     );
     recorder.observe(Observation::Draining);
-    stop.store(true, Ordering::SeqCst);
-    plane.services.heal_all().await?;
-    for task in std::mem::take(&mut plane.workers.tasks) {
-        let _ =
-            tokio::time::timeout(settings.backend_timeout * 4 + Duration::from_secs(2), task).await;
-    }
-    plane.services.reconnect().await?;
+    stop_the_loops(&mut plane, &stop, settings).await?;
     // Drain: leases run out, then workers of the active version take what is left.
     let active = plane.services.active_version().await?;
     let requests = std::mem::take(&mut arrivals.submitted);
@@ -440,4 +405,79 @@ async fn drain_queue(
         }
     }
     Ok(false)
+}
+
+impl Tasks {
+    /// The case's worker loops, spawned.
+    fn started(
+        workers: Vec<Arc<dyn WorkerUnderTest>>,
+        queues: Vec<Queue>,
+        settings: &ChaosSettings,
+        stop: &Arc<AtomicBool>,
+        recorder: &Arc<Recorder>,
+    ) -> Tasks {
+        let mut tasks = Tasks {
+            workers,
+            tasks: Vec::new(),
+            queues,
+            visibility: settings.visibility_timeout,
+            stop: stop.clone(),
+            seed: settings.seed,
+            recorder: recorder.clone(),
+            crashes: 0,
+        };
+        tasks.tasks = (0..tasks.workers.len()).map(|i| tasks.spawn(i)).collect();
+        tasks
+    }
+}
+
+/// Heals everything, stops the loops and lets in-flight attempts end (bounded), then reconnects
+/// the workers' links for the drain.
+async fn stop_the_loops(
+    plane: &mut CasePlane<'_, Tasks>,
+    stop: &AtomicBool,
+    settings: &ChaosSettings,
+) -> Result<()> {
+    stop.store(true, Ordering::SeqCst);
+    plane.services.heal_all().await?;
+    for task in std::mem::take(&mut plane.workers.tasks) {
+        let _ =
+            tokio::time::timeout(settings.backend_timeout * 4 + Duration::from_secs(2), task).await;
+    }
+    plane.services.reconnect().await?;
+    Ok(())
+}
+
+/// The faults of the plan's next step: the cutover once half the run is over (if the run has
+/// one), else one draw of the settings' kinds (None: nothing this time).
+fn next_faults(
+    cutover_done: &mut bool,
+    started: Instant,
+    settings: &ChaosSettings,
+    versions: &[String],
+    slow: &mut BTreeSet<String>,
+    submitted: usize,
+    rng: &mut StdRng,
+) -> Option<Vec<Fault>> {
+    if !*cutover_done && started.elapsed() >= settings.duration / 2 {
+        *cutover_done = true;
+        return Some(vec![Fault::Cutover {
+            to: settings.cutover_to.clone().unwrap_or_default(),
+        }]);
+    }
+    if settings.faults.is_empty() {
+        return None;
+    }
+    let kind = settings.faults[rng.random_range(0..settings.faults.len())];
+    draw(kind, settings, versions, slow, submitted, rng)
+}
+
+/// Faults touch this case only, and every round trip is attributed: each of the `workers` has
+/// proxies of its own for Redis, Postgres and each backend.
+async fn open_links(bed: &TestBed, workers: usize) -> Result<Vec<WorkerLink>> {
+    let mut links = Vec::new();
+    for _ in 0..workers {
+        links.push(WorkerLink::open(bed, true, true).await?);
+    }
+    Ok(links)
 }

@@ -500,34 +500,8 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
     )
     .await?
     .api;
-    let mut processes = Processes {
-        command: settings.command.clone(),
-        env: envs,
-        recorder: recorder.clone(),
-        outputs: Arc::default(),
-        starts: 0,
-        procs: Vec::new(),
-        readers: Vec::new(),
-        wake: StdRng::seed_from_u64(settings.seed ^ 0x7761_6b65),
-        restart_crashed: true,
-    };
-    for (index, spec) in settings.workers.iter().enumerate() {
-        let proc = processes.start(index, spec)?;
-        processes.procs.push(proc);
-    }
-    // Slow backends keep attempts in flight long enough for pauses and crashes to land mid-job:
-    // a setting of the run, not a fault.
-    let mut slow = Vec::new();
-    for version in &versions {
-        slow.push(
-            bed.backend(version)?
-                .program(
-                    keys.prefix(),
-                    crate::env::backends::Behaviour::Delay(Duration::from_millis(350)),
-                )
-                .await?,
-        );
-    }
+    let processes = Processes::fleet(settings, envs, &recorder)?;
+    let slow = slow_backends(bed, &versions, &keys).await?;
     let mut plane = CasePlane {
         services: Services::new(
             bed,
@@ -540,10 +514,7 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
         ),
         workers: processes,
     };
-    let mut wire_recorded = true;
-    for (index, spec) in settings.workers.iter().enumerate() {
-        wire_recorded &= plane.services.record(index, &spec.id, &recorder);
-    }
+    let wire_recorded = plane.services.record_all(&settings.workers, &recorder);
     let mut run = Run {
         settings,
         recorder: &recorder,
@@ -939,4 +910,51 @@ async fn observe_leftovers(
         }
     }
     Ok(())
+}
+
+impl Processes {
+    /// The fleet's processes, one per worker of `settings`, started.
+    fn fleet(
+        settings: &FleetSettings,
+        envs: Vec<BTreeMap<String, WorkerEnv>>,
+        recorder: &Arc<Recorder>,
+    ) -> Result<Processes> {
+        let mut processes = Processes {
+            command: settings.command.clone(),
+            env: envs,
+            recorder: recorder.clone(),
+            outputs: Arc::default(),
+            starts: 0,
+            procs: Vec::new(),
+            readers: Vec::new(),
+            wake: StdRng::seed_from_u64(settings.seed ^ 0x7761_6b65),
+            restart_crashed: true,
+        };
+        for (index, spec) in settings.workers.iter().enumerate() {
+            let proc = processes.start(index, spec)?;
+            processes.procs.push(proc);
+        }
+        Ok(processes)
+    }
+}
+
+/// Slow backends keep attempts in flight long enough for pauses and crashes to land mid-job: a
+/// setting of the run, not a fault.
+async fn slow_backends(
+    bed: &TestBed,
+    versions: &[String],
+    keys: &Keys,
+) -> Result<Vec<crate::env::backends::ProgramGuard>> {
+    let mut slow = Vec::new();
+    for version in versions {
+        slow.push(
+            bed.backend(version)?
+                .program(
+                    keys.prefix(),
+                    crate::env::backends::Behaviour::Delay(Duration::from_millis(350)),
+                )
+                .await?,
+        );
+    }
+    Ok(slow)
 }

@@ -200,6 +200,17 @@ impl<'b> Services<'b> {
         self.record_to(index, worker, recorder.wire_listener())
     }
 
+    /// [`Services::record`] for every worker of `workers`, in order; whether all are recorded.
+    pub fn record_all(
+        &self,
+        workers: &[crate::schedule::WorkerSpec],
+        recorder: &std::sync::Arc<Recorder>,
+    ) -> bool {
+        workers.iter().enumerate().fold(true, |all, (index, spec)| {
+            self.record(index, &spec.id, recorder) && all
+        })
+    }
+
     /// [`Services::record`] to any listener.
     pub fn record_to(
         &self,
