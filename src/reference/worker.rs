@@ -1,7 +1,8 @@
 //! The reference worker: the seed's safe flow (`processInferenceJob`), one delivery at a time.
 //!
-//! Why one file of ~900 lines: it is the seed's `processInferenceJob` as one readable flow, each
-//! defect switch next to the step it changes; splitting the flow would hide the order of steps.
+//! The flow follows the seed's `processInferenceJob`: `flow` lists its steps in order with their
+//! checkpoints, each step a method with its defect switches next to what they change; the final
+//! write's variants are in `write`.
 //!
 //! Per job: acquire the lease (skip as a duplicate if held) -> move the job to IN_PROGRESS with
 //! the lease token and a new, strictly larger generation (fencing) -> version-aware cache key ->
@@ -16,6 +17,7 @@
 //! a root cause of the seed.
 
 mod config;
+mod write;
 use crate::contract::checkpoint::{Checkpoint, Checkpoints, Directive};
 use crate::contract::defect::{Defect, Defects};
 use crate::contract::delivery::{Delivery, JobMessage};
@@ -80,6 +82,16 @@ struct Attempt {
 enum Stop {
     Crash(Checkpoint),
     Error(Error),
+    /// The attempt ended before its final write (a duplicate, a declined job, a failed call):
+    /// not an error, the delivery's outcome.
+    Early(Outcome),
+}
+
+/// The lease an attempt holds: its key, our token in it, and the epoch drawn while holding it.
+struct Lease {
+    key: String,
+    token: String,
+    epoch: i64,
 }
 
 impl From<Error> for Stop {
@@ -287,7 +299,7 @@ impl Worker {
     /// so the queue redelivers it.
     pub async fn process(&self, delivery: Delivery) -> Result<Outcome> {
         let result = match self.flow(&delivery).await {
-            Ok(outcome) => Ok(outcome),
+            Ok(outcome) | Err(Stop::Early(outcome)) => Ok(outcome),
             Err(Stop::Crash(at)) => {
                 tracing::debug!(worker = %self.config.worker_id, %at, "crashed at checkpoint");
                 return Ok(Outcome::Crashed(at));
@@ -303,19 +315,66 @@ impl Worker {
         result
     }
 
+    /// The flow, step by step in the seed's order; each step's checkpoints are where a harness
+    /// can stop or crash it.
     async fn flow(&self, delivery: &Delivery) -> std::result::Result<Outcome, Stop> {
         let job = &delivery.job;
         let mut redis = self.infra.redis.clone();
         let mut queue = self.queue.clone();
         let version = self.config.model_version.clone();
+        let mut attempt = self.receive_attempt(delivery, &version).await?;
+        self.decline_other_version(&attempt, &version).await?;
+        let lease = self.take_lease(&mut redis, &attempt).await?;
+        self.checkpoint(Checkpoint::AfterLease).await?;
+        let generation = self
+            .take_job(&mut redis, &mut queue, delivery, &attempt, &lease, &version)
+            .await?;
+        self.log(
+            Level::Info,
+            &attempt,
+            Status::JobTaken,
+            &[("generation", generation.to_string())],
+        );
+        let mut acked = false;
+        if self.config.defects.has(Defect::AckBeforeFinalWrite) {
+            self.ack(&mut queue, delivery, &attempt).await?;
+            acked = true;
+        }
+        self.checkpoint(Checkpoint::AfterTake).await?;
+        let (output, from_cache) = self
+            .produce_output(&mut redis, job, &mut attempt, &lease)
+            .await?;
+        let outcome = self
+            .final_write(
+                &mut redis, &attempt, &lease, generation, &output, from_cache,
+            )
+            .await?;
+        self.checkpoint(Checkpoint::AfterFinalWrite).await?;
+        self.checkpoint(Checkpoint::BeforeAck).await?;
+        self.ack_if_finished(&mut queue, delivery, &attempt, &outcome, acked)
+            .await?;
+        self.checkpoint(Checkpoint::BeforeRelease).await?;
+        self.release(&mut redis, &lease.key, &lease.token, &attempt)
+            .await?;
+        Ok(outcome)
+    }
+
+    /// The attempt's log fields, its `Received` checkpoint and first line; under the
+    /// random-id-per-retry defect, the retry's fresh job.
+    async fn receive_attempt(
+        &self,
+        delivery: &Delivery,
+        version: &str,
+    ) -> std::result::Result<Attempt, Stop> {
+        let job = &delivery.job;
         let mut attempt = Attempt {
             request_id: job.request_id.clone(),
             job_id: job.job_id.clone(),
             key: job.idempotency_key.clone(),
             attempt: delivery.receive_count,
             receive_count: delivery.receive_count,
-            backend_endpoint: self.endpoint(&version)?.name.clone(),
-            model_version: version.clone(),
+            backend_endpoint: self.endpoint(version)?.name.clone(),
+            model_version: version.to_owned(),
             cache_key: "-".to_owned(),
         };
         self.checkpoint(Checkpoint::Received).await?;
@@ -341,7 +400,16 @@ impl Worker {
             .execute(&self.infra.pg)
             .await?;
         }
+        Ok(attempt)
+    }
 
+    /// Stops with [`Outcome::Declined`] (and drains) when the active version is not this
+    /// worker's.
+    async fn decline_other_version(
+        &self,
+        attempt: &Attempt,
+        version: &str,
+    ) -> std::result::Result<(), Stop> {
         // Bound to its version for life: read the pointer once, explicitly, and decline a job
         // meant for another version (and drain) instead of switching mid-flight.
         if !self.config.defects.has(Defect::RereadActiveVersion)
@@ -351,14 +419,22 @@ impl Worker {
             self.drain();
             self.log(
                 Level::Info,
-                &attempt,
+                attempt,
                 Status::VersionDeclined,
                 &[("active_model_version", active)],
             );
-            return Ok(Outcome::Declined);
+            return Err(Stop::Early(Outcome::Declined));
         }
+        Ok(())
+    }
 
-        // Lease.
+    /// Takes the job's lease and draws its epoch; stops with [`Outcome::DuplicateSkipped`] when
+    /// another attempt holds it.
+    async fn take_lease(
+        &self,
+        redis: &mut ConnectionManager,
+        attempt: &Attempt,
+    ) -> std::result::Result<Lease, Stop> {
         // The epoch tells two processes of one worker id apart (a restarted worker must never
         // reuse its predecessor's tokens); it comes from the seed, so in-process runs stay
         // deterministic.
@@ -383,18 +459,18 @@ impl Worker {
         let acquired: Option<String> = take
             .arg(unit)
             .arg(self.config.lease_ttl.as_millis() as u64)
-            .query_async(&mut redis)
+            .query_async(redis)
             .await?;
         if acquired.is_some() {
             self.log(
                 Level::Info,
-                &attempt,
+                attempt,
                 Status::LeaseAcquired,
                 &[("lease_token", token.clone())],
             );
         } else if !self.config.defects.has(Defect::RetryWithoutDedupe) {
-            self.log(Level::Info, &attempt, Status::DuplicateSkipped, &[]);
-            return Ok(Outcome::DuplicateSkipped);
+            self.log(Level::Info, attempt, Status::DuplicateSkipped, &[]);
+            return Err(Stop::Early(Outcome::DuplicateSkipped));
         }
 
         // The lease's epoch, drawn while holding it and confirmed after: holders of one lease
@@ -415,16 +491,32 @@ impl Worker {
             if holder.as_deref() != Some(token.as_str()) {
                 self.log(
                     Level::Info,
-                    &attempt,
+                    attempt,
                     Status::DuplicateSkipped,
                     &[("reason", "lease lost before the take".to_owned())],
                 );
-                return Ok(Outcome::DuplicateSkipped);
+                return Err(Stop::Early(Outcome::DuplicateSkipped));
             }
         }
-        self.checkpoint(Checkpoint::AfterLease).await?;
+        Ok(Lease {
+            key: lease_key,
+            token,
+            epoch,
+        })
+    }
 
-        // Take the job: IN_PROGRESS, our token, our epoch as its generation (strictly larger).
+    /// Takes the job: IN_PROGRESS, our token, our epoch as its generation (strictly larger).
+    /// Returns the generation; stops when a newer holder took the job or it is already
+    /// terminal.
+    async fn take_job(
+        &self,
+        redis: &mut ConnectionManager,
+        queue: &mut Queue,
+        delivery: &Delivery,
+        attempt: &Attempt,
+        lease: &Lease,
+        version: &str,
+    ) -> std::result::Result<i64, Stop> {
         let generation: Option<i64> = sqlx::query_scalar(
             "UPDATE inference_jobs
              SET status = 'IN_PROGRESS', lease_token = $2, generation = $6,
@@ -434,156 +526,132 @@ impl Worker {
              RETURNING generation",
         )
         .bind(&attempt.key)
-        .bind(&token)
+        .bind(&lease.token)
         .bind(attempt.attempt as i32)
         .bind(&self.config.worker_id)
-        .bind(&version)
-        .bind(epoch)
+        .bind(version)
+        .bind(lease.epoch)
         .fetch_optional(&self.infra.pg)
         .await?;
-        let Some(generation) = generation else {
-            if !self.job_is_terminal(&attempt.key).await? {
-                // A newer holder took the job: its delivery is not ours to acknowledge.
-                self.log(
-                    Level::Info,
-                    &attempt,
-                    Status::DuplicateSkipped,
-                    &[("reason", "a newer lease took the job".to_owned())],
-                );
-                self.release(&mut redis, &lease_key, &token, &attempt)
-                    .await?;
-                return Ok(Outcome::DuplicateSkipped);
-            }
-            self.log(Level::Info, &attempt, Status::AlreadyCompleted, &[]);
-            if !self.config.defects.has(Defect::NoAckWhenCompleted) {
-                self.ack(&mut queue, delivery, &attempt).await?;
-            }
-            self.release(&mut redis, &lease_key, &token, &attempt)
-                .await?;
-            return Ok(Outcome::AlreadyCompleted);
-        };
-        self.log(
-            Level::Info,
-            &attempt,
-            Status::JobTaken,
-            &[("generation", generation.to_string())],
-        );
-        let mut acked = false;
-        if self.config.defects.has(Defect::AckBeforeFinalWrite) {
-            self.ack(&mut queue, delivery, &attempt).await?;
-            acked = true;
+        if let Some(generation) = generation {
+            return Ok(generation);
         }
-        self.checkpoint(Checkpoint::AfterTake).await?;
+        if !self.job_is_terminal(&attempt.key).await? {
+            // A newer holder took the job: its delivery is not ours to acknowledge.
+            self.log(
+                Level::Info,
+                attempt,
+                Status::DuplicateSkipped,
+                &[("reason", "a newer lease took the job".to_owned())],
+            );
+            self.release(redis, &lease.key, &lease.token, attempt)
+                .await?;
+            return Err(Stop::Early(Outcome::DuplicateSkipped));
+        }
+        self.log(Level::Info, attempt, Status::AlreadyCompleted, &[]);
+        if !self.config.defects.has(Defect::NoAckWhenCompleted) {
+            self.ack(queue, delivery, attempt).await?;
+        }
+        self.release(redis, &lease.key, &lease.token, attempt)
+            .await?;
+        Err(Stop::Early(Outcome::AlreadyCompleted))
+    }
 
-        // Cache.
+    /// The job's output and whether it came from the cache: read from its version's namespace,
+    /// or (on a miss) produced by the backend and cached.
+    async fn produce_output(
+        &self,
+        redis: &mut ConnectionManager,
+        job: &JobMessage,
+        attempt: &mut Attempt,
+        lease: &Lease,
+    ) -> std::result::Result<(String, bool), Stop> {
         let cache_version = self.step_version().await?;
         attempt.cache_key = self.cache_key(&cache_version, &job.input);
         let cached: Option<String> = redis.get(&attempt.cache_key).await?;
-        let (output, from_cache) = match cached {
+        match cached {
             Some(output) => {
                 let served = crate::contract::output_version(&output)
                     .unwrap_or("-")
                     .to_owned();
                 self.log(
                     Level::Info,
-                    &attempt,
+                    attempt,
                     Status::CacheHit,
                     &[("served_model_version", served)],
                 );
                 self.checkpoint(Checkpoint::AfterCacheRead).await?;
-                (output, true)
+                Ok((output, true))
             }
             None => {
-                self.log(Level::Info, &attempt, Status::CacheMiss, &[]);
+                self.log(Level::Info, attempt, Status::CacheMiss, &[]);
                 self.checkpoint(Checkpoint::AfterCacheRead).await?;
-                self.checkpoint(Checkpoint::BeforeBackendCall).await?;
-                let call_version = self.step_version().await?;
-                let endpoint = self.endpoint(&call_version)?.clone();
-                attempt.backend_endpoint = endpoint.name.clone();
-                self.log(Level::Info, &attempt, Status::InferenceStarted, &[]);
-                let output = match self.call_backend(&endpoint, job, &attempt).await {
-                    Ok(output) => output,
-                    Err(err) => {
-                        self.log(
-                            Level::Warn,
-                            &attempt,
-                            Status::UpstreamFailed,
-                            &[("error", err.to_string())],
-                        );
-                        self.release(&mut redis, &lease_key, &token, &attempt)
-                            .await?;
-                        return Ok(Outcome::UpstreamFailed);
-                    }
-                };
-                self.checkpoint(Checkpoint::AfterBackendCall).await?;
-                self.checkpoint(Checkpoint::BeforeCacheWrite).await?;
-                // The defect caches under whatever version is live now, not the producer's.
-                let write_key = if self.config.defects.has(Defect::CacheWriteActiveNamespace) {
-                    let live = self
-                        .active_version()
-                        .await?
-                        .unwrap_or_else(|| cache_version.clone());
-                    self.cache_key(&live, &job.input)
-                } else {
-                    attempt.cache_key.clone()
-                };
-                let _: () = redis
-                    .set_ex(&write_key, &output, self.config.cache_ttl.as_secs().max(1))
+                let output = self
+                    .infer_and_cache(redis, job, attempt, lease, &cache_version)
                     .await?;
-                self.log(Level::Info, &attempt, Status::CacheWritten, &[]);
-                (output, false)
-            }
-        };
-
-        // Final write.
-        if self.config.defects.has(Defect::LateWriteWithoutToken) {
-            // "Still ours?" asked of the lease, right before the write: true now, stale later.
-            let holder: Option<String> = redis.get(&lease_key).await?;
-            if holder.as_deref() != Some(token.as_str()) {
-                self.log(Level::Warn, &attempt, Status::LateWriteRejected, &[]);
-                self.release(&mut redis, &lease_key, &token, &attempt)
-                    .await?;
-                return Ok(Outcome::LateWriteRejected);
+                Ok((output, false))
             }
         }
-        self.checkpoint(Checkpoint::BeforeFinalWrite).await?;
-        let record_version = self.step_version().await?;
-        let outcome = if self.config.defects.has(Defect::ReadThenWrite) {
-            self.read_then_write(
-                &attempt,
-                &token,
-                generation,
-                &record_version,
-                &output,
-                from_cache,
-            )
-            .await?
-        } else if self.config.defects.has(Defect::LateWriteWithoutToken) {
-            self.tokenless_write(&attempt, &record_version, &output, from_cache)
-                .await?
-        } else if self.config.defects.has(Defect::UnfencedFinalWrite) {
-            self.unfenced_write(
-                &attempt,
-                &token,
-                generation + 1,
-                &record_version,
-                &output,
-                from_cache,
-            )
-            .await?
-        } else {
-            self.fenced_write(
-                &attempt,
-                &token,
-                generation,
-                &record_version,
-                &output,
-                from_cache,
-            )
-            .await?
+    }
+
+    /// On a cache miss: calls the backend (stopping with [`Outcome::UpstreamFailed`] if the
+    /// call fails) and caches its output.
+    async fn infer_and_cache(
+        &self,
+        redis: &mut ConnectionManager,
+        job: &JobMessage,
+        attempt: &mut Attempt,
+        lease: &Lease,
+        cache_version: &str,
+    ) -> std::result::Result<String, Stop> {
+        self.checkpoint(Checkpoint::BeforeBackendCall).await?;
+        let call_version = self.step_version().await?;
+        let endpoint = self.endpoint(&call_version)?.clone();
+        attempt.backend_endpoint = endpoint.name.clone();
+        self.log(Level::Info, attempt, Status::InferenceStarted, &[]);
+        let output = match self.call_backend(&endpoint, job, attempt).await {
+            Ok(output) => output,
+            Err(err) => {
+                self.log(
+                    Level::Warn,
+                    attempt,
+                    Status::UpstreamFailed,
+                    &[("error", err.to_string())],
+                );
+                self.release(redis, &lease.key, &lease.token, attempt)
+                    .await?;
+                return Err(Stop::Early(Outcome::UpstreamFailed));
+            }
         };
-        self.checkpoint(Checkpoint::AfterFinalWrite).await?;
-        self.checkpoint(Checkpoint::BeforeAck).await?;
+        self.checkpoint(Checkpoint::AfterBackendCall).await?;
+        self.checkpoint(Checkpoint::BeforeCacheWrite).await?;
+        // The defect caches under whatever version is live now, not the producer's.
+        let write_key = if self.config.defects.has(Defect::CacheWriteActiveNamespace) {
+            let live = self
+                .active_version()
+                .await?
+                .unwrap_or_else(|| cache_version.to_owned());
+            self.cache_key(&live, &job.input)
+        } else {
+            attempt.cache_key.clone()
+        };
+        let _: () = redis
+            .set_ex(&write_key, &output, self.config.cache_ttl.as_secs().max(1))
+            .await?;
+        self.log(Level::Info, attempt, Status::CacheWritten, &[]);
+        Ok(output)
+    }
+
+    /// Unless already acked, acks the delivery after the final write if the job is finished,
+    /// else leaves it for redelivery.
+    async fn ack_if_finished(
+        &self,
+        queue: &mut Queue,
+        delivery: &Delivery,
+        attempt: &Attempt,
+        outcome: &Outcome,
+        acked: bool,
+    ) -> Result<()> {
         // The delivery is the job's, not the attempt's: a rejected late writer may ack only if
         // the job is finished. If the attempt that took over failed (its call timed out, it
         // crashed), acking here would drop the job's last delivery and lose it (found by the
@@ -593,14 +661,11 @@ impl Worker {
             _ => true,
         };
         if !acked && finished {
-            self.ack(&mut queue, delivery, &attempt).await?;
+            self.ack(queue, delivery, attempt).await?;
         } else if !acked {
-            self.log(Level::Info, &attempt, Status::LeftForRedelivery, &[]);
+            self.log(Level::Info, attempt, Status::LeftForRedelivery, &[]);
         }
-        self.checkpoint(Checkpoint::BeforeRelease).await?;
-        self.release(&mut redis, &lease_key, &token, &attempt)
-            .await?;
-        Ok(outcome)
+        Ok(())
     }
 
     async fn job_is_terminal(&self, idempotency_key: &str) -> Result<bool> {
@@ -670,192 +735,6 @@ impl Worker {
             "{}: no answer within the {:?} timeout",
             endpoint.name, self.config.backend_timeout
         ))
-    }
-
-    async fn fenced_write(
-        &self,
-        attempt: &Attempt,
-        token: &str,
-        generation: i64,
-        version: &str,
-        output: &str,
-        from_cache: bool,
-    ) -> Result<Outcome> {
-        let written = sqlx::query(
-            "UPDATE inference_jobs
-             SET status = 'SUCCEEDED', output = $4, model_version = $5, generation = $3,
-                 updated_at = clock_timestamp(), completed_at = clock_timestamp()
-             WHERE idempotency_key = $1 AND status = 'IN_PROGRESS' AND lease_token = $2
-               AND generation < $3",
-        )
-        .bind(&attempt.key)
-        .bind(token)
-        .bind(generation + 1)
-        .bind(output)
-        .bind(version)
-        .execute(&self.infra.pg)
-        .await?
-        .rows_affected();
-        if written == 1 {
-            Ok(self.succeeded(attempt, generation + 1, from_cache))
-        } else {
-            self.log(Level::Warn, attempt, Status::LateWriteRejected, &[]);
-            self.log(Level::Info, attempt, Status::DiscardedLateResult, &[]);
-            Ok(Outcome::LateWriteRejected)
-        }
-    }
-
-    /// The defect: "still ours?" asked in one statement, the write made in the next, keyed by
-    /// the job alone.
-    async fn read_then_write(
-        &self,
-        attempt: &Attempt,
-        token: &str,
-        generation: i64,
-        version: &str,
-        output: &str,
-        from_cache: bool,
-    ) -> Result<Outcome> {
-        let row: Option<(String, Option<String>)> = sqlx::query_as(
-            "SELECT status, lease_token FROM inference_jobs WHERE idempotency_key = $1",
-        )
-        .bind(&attempt.key)
-        .fetch_optional(&self.infra.pg)
-        .await?;
-        let ours = row.is_some_and(|(status, holder)| {
-            status == "IN_PROGRESS" && holder.as_deref() == Some(token)
-        });
-        if !ours {
-            self.log(Level::Warn, attempt, Status::LateWriteRejected, &[]);
-            self.log(Level::Info, attempt, Status::DiscardedLateResult, &[]);
-            return Ok(Outcome::LateWriteRejected);
-        }
-        sqlx::query(
-            "UPDATE inference_jobs
-             SET status = 'SUCCEEDED', output = $2, model_version = $3, generation = $4,
-                 updated_at = clock_timestamp(), completed_at = clock_timestamp()
-             WHERE idempotency_key = $1",
-        )
-        .bind(&attempt.key)
-        .bind(output)
-        .bind(version)
-        .bind(generation + 1)
-        .execute(&self.infra.pg)
-        .await?;
-        Ok(self.succeeded(attempt, generation + 1, from_cache))
-    }
-
-    /// The final write of [`Defect::LateWriteWithoutToken`]: by key and status, the token columns
-    /// left alone.
-    async fn tokenless_write(
-        &self,
-        attempt: &Attempt,
-        version: &str,
-        output: &str,
-        from_cache: bool,
-    ) -> Result<Outcome> {
-        let generation: Option<i64> = sqlx::query_scalar(
-            "UPDATE inference_jobs
-             SET status = 'SUCCEEDED', output = $2, model_version = $3,
-                 generation = generation + 1, updated_at = clock_timestamp(),
-                 completed_at = clock_timestamp()
-             WHERE idempotency_key = $1 AND status = 'IN_PROGRESS'
-             RETURNING generation",
-        )
-        .bind(&attempt.key)
-        .bind(output)
-        .bind(version)
-        .fetch_optional(&self.infra.pg)
-        .await?;
-        match generation {
-            Some(generation) => Ok(self.succeeded(attempt, generation, from_cache)),
-            None => {
-                self.log(Level::Warn, attempt, Status::LateWriteRejected, &[]);
-                Ok(Outcome::LateWriteRejected)
-            }
-        }
-    }
-
-    /// The defect: a plain UPDATE of the attempt's own generation, last writer wins (the seed's
-    /// `UPDATE .. SET generation = :generation WHERE request_id = ..` without `generation <`); it
-    /// still notices what it overwrote, so the log says `late_success` / `overwrite_detected` like
-    /// the seed's.
-    async fn unfenced_write(
-        &self,
-        attempt: &Attempt,
-        token: &str,
-        generation: i64,
-        version: &str,
-        output: &str,
-        from_cache: bool,
-    ) -> Result<Outcome> {
-        let previous: Option<(String, Option<String>, i64)> = sqlx::query_as(
-            "WITH prev AS (
-                 SELECT idempotency_key, status, model_version FROM inference_jobs
-                 WHERE idempotency_key = $1 FOR UPDATE)
-             UPDATE inference_jobs j
-             SET status = 'SUCCEEDED', output = $3, model_version = $4, lease_token = $2,
-                 generation = $5, updated_at = clock_timestamp(),
-                 completed_at = clock_timestamp()
-             FROM prev WHERE j.idempotency_key = prev.idempotency_key
-             RETURNING prev.status, prev.model_version, j.generation",
-        )
-        .bind(&attempt.key)
-        .bind(token)
-        .bind(output)
-        .bind(version)
-        .bind(generation)
-        .fetch_optional(&self.infra.pg)
-        .await?;
-        let Some((previous_status, previous_version, generation)) = previous else {
-            return Err(Error::other(format!(
-                "job {} vanished before its final write",
-                attempt.key
-            )));
-        };
-        if previous_status == "SUCCEEDED" {
-            self.log(
-                Level::Info,
-                attempt,
-                Status::LateSuccess,
-                &[("write", "result_store".to_owned())],
-            );
-            if previous_version.as_deref() != Some(version) {
-                self.log(
-                    Level::Warn,
-                    attempt,
-                    Status::OverwriteDetected,
-                    &[
-                        (
-                            "previous_model_version",
-                            previous_version.clone().unwrap_or_default(),
-                        ),
-                        ("new_model_version", version.to_owned()),
-                    ],
-                );
-            }
-            Ok(Outcome::Overwrote { previous_version })
-        } else {
-            Ok(self.succeeded(attempt, generation, from_cache))
-        }
-    }
-
-    /// The final write landed: logged with its generation, as the seed's worker does.
-    fn succeeded(&self, attempt: &Attempt, generation: i64, from_cache: bool) -> Outcome {
-        self.log(
-            Level::Info,
-            attempt,
-            Status::InferenceSucceeded,
-            &[
-                ("write", "result_store".to_owned()),
-                ("generation", generation.to_string()),
-                ("from_cache", from_cache.to_string()),
-            ],
-        );
-        Outcome::Succeeded {
-            generation,
-            from_cache,
-        }
     }
 
     async fn ack(&self, queue: &mut Queue, delivery: &Delivery, attempt: &Attempt) -> Result<()> {
