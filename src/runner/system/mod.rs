@@ -447,73 +447,31 @@ async fn run_with_backends(
     run: u64,
     backends: &[ModelBackend],
 ) -> Result<SystemOutcome> {
-    let db_url = with_path(&bed.database_direct_url(), database);
-    let mut pg = PgConnection::connect(&db_url).await?;
-    prepare_results(&mut pg, system).await?;
-    let redis_url = with_path(&bed.redis_direct_url(), &redis_db.to_string());
-    let redis = redis::Client::open(redis_url.as_str())?;
-    let (connect, reply) = crate::contract::worker::HARNESS_REDIS_PATIENCE;
-    let mut rd = redis
-        .get_multiplexed_async_connection_with_config(
-            &redis::AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(connect))
-                .set_response_timeout(Some(reply)),
-        )
-        .await?;
-    let _: () = redis::cmd("FLUSHDB").query_async(&mut rd).await?;
-
+    let run = Run {
+        bed,
+        system,
+        settings,
+        faults,
+        venv,
+        database,
+        redis_db,
+        run,
+        backends,
+    };
+    let (mut pg, mut rd) = run.connect_stores().await?;
     let lines: Lines = Arc::default();
     let wire: Wire = Arc::default();
     let mut workers = Vec::new();
-    let open = async |id: String, i: usize| -> Result<Worker> {
-        let (version, _) = &system.versions[i];
-        // Its own proxies, its version's model among them: every call it makes is recorded as
-        // its own.
-        let links = open_links(bed, &wire, &id, &(version.clone(), backends[i].addr())).await?;
-        let mut worker = Worker::new(id, version, links);
-        configure(system, &mut worker, redis_db, database, venv);
-        Ok(worker)
-    };
     for i in 0..system.versions.len() {
-        workers.push(open(format!("worker-{}", (b'a' + i as u8) as char), i).await?);
+        let id = format!("worker-{}", (b'a' + i as u8) as char);
+        workers.push(run.open_worker(&wire, id, i).await?);
     }
     let submitter = match &system.submit {
-        Submit::Command(_) => Some(open(SUBMITTER.to_owned(), 0).await?),
+        Submit::Command(_) => Some(run.open_worker(&wire, SUBMITTER.to_owned(), 0).await?),
         Submit::Preset { .. } => None,
     };
     if let Some(setup) = &system.start.setup {
-        // The caller's tool set-up only, none of the workers' variables nor racecert's own (a
-        // build must not see the run's DATABASE_URL: sqlx's macros would check their queries
-        // against the empty test database; nor cargo's variables of an enclosing `cargo test`,
-        // which would make the team's build start over).
-        let output = Command::new("sh")
-            .arg("-c")
-            .arg(setup)
-            .current_dir(&system.start.workdir)
-            .env_clear()
-            .envs(
-                [
-                    "PATH",
-                    "HOME",
-                    "LANG",
-                    "CARGO_HOME",
-                    "RUSTUP_HOME",
-                    "TMPDIR",
-                ]
-                .iter()
-                .filter_map(|k| std::env::var(k).ok().map(|v| (*k, v))),
-            )
-            .output()
-            .await
-            .map_err(|err| Error::io(format!("setup `{setup}`"), err))?;
-        if !output.status.success() {
-            return Err(Error::Config(format!(
-                "{}: setup `{setup}` failed ({}):\n{}",
-                system.place("start.setup"),
-                output.status,
-                tail(&String::from_utf8_lossy(&output.stderr), 20)
-            )));
-        }
+        run_setup(system, setup).await?;
     }
     let mut fleet = Fleet {
         system,
@@ -524,25 +482,109 @@ async fn run_with_backends(
         wire: wire.clone(),
         readers: Vec::new(),
         deadline: settings.startup_deadline,
-        tag: format!("rs{}x{run}", std::process::id()),
+        tag: format!("rs{}x{}", std::process::id(), run.run),
     };
-    let mut startup_ms = BTreeMap::new();
-    let mut result = Ok(());
-    // One at a time: two start-ups at once share the machine's cores and would each look slower.
-    for index in 0..fleet.workers.len() {
-        match fleet.start(index).await {
-            Ok(took) => {
-                startup_ms.insert(fleet.workers[index].id.clone(), took.as_millis() as u64);
-            }
-            Err(err) => {
-                result = Err(err);
-                break;
-            }
-        }
-    }
+    let (startup_ms, mut result) = start_fleet(&mut fleet).await;
     let mut cases = Vec::new();
     let mut first_failure_ms = None;
     if result.is_ok() {
+        (cases, first_failure_ms, result) = run.run_cases(&mut fleet, &mut pg, &mut rd).await;
+    }
+    stop_fleet(&mut fleet).await;
+    result?;
+    if let Some(message) = terminal_matches_nothing(system, &cases) {
+        return Err(Error::Config(format!(
+            "{}: {message}",
+            system.place("results.terminal")
+        )));
+    }
+    let (outputs, log) = worker_output(&lines);
+    Ok(SystemOutcome {
+        system: system.name.clone(),
+        seed: settings.seed,
+        cases,
+        startup_ms,
+        first_failure_ms,
+        outputs,
+        log,
+        kinds: scope_kinds(faults),
+        recovery: {
+            let (bound, source) = system.recovery_bound();
+            format!("{} ms, {source}", bound.as_millis())
+        },
+    })
+}
+
+/// What one run was given: the bed, the system and its settings, the faults it draws from, and
+/// the environment, databases and model backends made for it.
+struct Run<'a> {
+    bed: &'a TestBed,
+    system: &'a System,
+    settings: &'a SystemSettings,
+    faults: &'a [FaultKind],
+    venv: &'a str,
+    database: &'a str,
+    redis_db: u64,
+    run: u64,
+    backends: &'a [ModelBackend],
+}
+
+impl Run<'_> {
+    /// The harness's own connections to the run's database (its results table prepared) and to
+    /// its Redis database (flushed).
+    async fn connect_stores(&self) -> Result<(PgConnection, redis::aio::MultiplexedConnection)> {
+        let db_url = with_path(&self.bed.database_direct_url(), self.database);
+        let mut pg = PgConnection::connect(&db_url).await?;
+        prepare_results(&mut pg, self.system).await?;
+        let redis_url = with_path(&self.bed.redis_direct_url(), &self.redis_db.to_string());
+        let redis = redis::Client::open(redis_url.as_str())?;
+        let (connect, reply) = crate::contract::worker::HARNESS_REDIS_PATIENCE;
+        let mut rd = redis
+            .get_multiplexed_async_connection_with_config(
+                &redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(connect))
+                    .set_response_timeout(Some(reply)),
+            )
+            .await?;
+        let _: () = redis::cmd("FLUSHDB").query_async(&mut rd).await?;
+        Ok((pg, rd))
+    }
+
+    /// Worker `id` of the system's version `i`, its links open and its variables set.
+    async fn open_worker(&self, wire: &Wire, id: String, i: usize) -> Result<Worker> {
+        let (version, _) = &self.system.versions[i];
+        // Its own proxies, its version's model among them: every call it makes is recorded as
+        // its own.
+        let links = open_links(
+            self.bed,
+            wire,
+            &id,
+            &(version.clone(), self.backends[i].addr()),
+        )
+        .await?;
+        let mut worker = Worker::new(id, version, links);
+        configure(
+            self.system,
+            &mut worker,
+            self.redis_db,
+            self.database,
+            self.venv,
+        );
+        Ok(worker)
+    }
+
+    /// Runs the cases until the budget, the case count or the first failure (if asked) ends
+    /// them: the cases run, when the first failing one ended, and the error that stopped them.
+    async fn run_cases(
+        &self,
+        fleet: &mut Fleet<'_>,
+        pg: &mut PgConnection,
+        rd: &mut redis::aio::MultiplexedConnection,
+    ) -> (Vec<SystemCase>, Option<u64>, Result<()>) {
+        let settings = self.settings;
+        let faults = self.faults;
+        let mut cases = Vec::new();
+        let mut first_failure_ms = None;
         let began = Instant::now();
         // The framework's kinds in an order of the seed's: the budget goes to each of them first.
         let mut rotation = scope_kinds(faults);
@@ -569,32 +611,18 @@ async fn run_with_backends(
             if !still_needed(&settings.goals, fault, &cases) {
                 continue;
             }
-            let mut ctx = CaseCtx {
-                bed,
-                redis_db,
-                database: database.to_owned(),
-                venv: venv.to_owned(),
-                backends,
-                system,
-                fleet: &mut fleet,
-                pg: &mut pg,
-                rd: &mut rd,
-                rng,
-                prefix: format!("rs{}x{run}c{number}", std::process::id()),
-                arrows: Vec::new(),
-                t0: now_ms(),
-                first: number == 1 || settings.only_case.is_some(),
-                companions: Vec::new(),
-                judged_too: Vec::new(),
-                aim: Aim::default(),
-                effects: Vec::new(),
-                observations: Vec::new(),
-                wire_origin_unix_ms: bed.wire_origin_unix_ms(),
-                liveness_blind: None,
-                held_before: Vec::new(),
-            };
+            let mut ctx = self.case_ctx(fleet, pg, rd, rng, number);
             let started = Instant::now();
-            match run_case(&mut ctx, number, fault, venv, redis_db, database).await {
+            match run_case(
+                &mut ctx,
+                number,
+                fault,
+                self.venv,
+                self.redis_db,
+                self.database,
+            )
+            .await
+            {
                 Ok(mut case) => {
                     case.elapsed_ms = started.elapsed().as_millis() as u64;
                     let failed = !case.violations.is_empty();
@@ -606,13 +634,104 @@ async fn run_with_backends(
                         }
                     }
                 }
-                Err(err) => {
-                    result = Err(err);
-                    break;
-                }
+                Err(err) => return (cases, first_failure_ms, Err(err)),
             }
         }
+        (cases, first_failure_ms, Ok(()))
     }
+
+    /// The context of case `number`, nothing of it recorded yet.
+    fn case_ctx<'c, 'f>(
+        &'c self,
+        fleet: &'c mut Fleet<'f>,
+        pg: &'c mut PgConnection,
+        rd: &'c mut redis::aio::MultiplexedConnection,
+        rng: StdRng,
+        number: u32,
+    ) -> CaseCtx<'c, 'f> {
+        CaseCtx {
+            bed: self.bed,
+            redis_db: self.redis_db,
+            database: self.database.to_owned(),
+            venv: self.venv.to_owned(),
+            backends: self.backends,
+            system: self.system,
+            fleet,
+            pg,
+            rd,
+            rng,
+            prefix: format!("rs{}x{}c{number}", std::process::id(), self.run),
+            arrows: Vec::new(),
+            t0: now_ms(),
+            first: number == 1 || self.settings.only_case.is_some(),
+            companions: Vec::new(),
+            judged_too: Vec::new(),
+            aim: Aim::default(),
+            effects: Vec::new(),
+            observations: Vec::new(),
+            wire_origin_unix_ms: self.bed.wire_origin_unix_ms(),
+            liveness_blind: None,
+            held_before: Vec::new(),
+        }
+    }
+}
+
+/// Runs the system's `setup` command, failing with its stderr's tail if it fails.
+async fn run_setup(system: &System, setup: &str) -> Result<()> {
+    // The caller's tool set-up only, none of the workers' variables nor racecert's own (a
+    // build must not see the run's DATABASE_URL: sqlx's macros would check their queries
+    // against the empty test database; nor cargo's variables of an enclosing `cargo test`,
+    // which would make the team's build start over).
+    let output = Command::new("sh")
+        .arg("-c")
+        .arg(setup)
+        .current_dir(&system.start.workdir)
+        .env_clear()
+        .envs(
+            [
+                "PATH",
+                "HOME",
+                "LANG",
+                "CARGO_HOME",
+                "RUSTUP_HOME",
+                "TMPDIR",
+            ]
+            .iter()
+            .filter_map(|k| std::env::var(k).ok().map(|v| (*k, v))),
+        )
+        .output()
+        .await
+        .map_err(|err| Error::io(format!("setup `{setup}`"), err))?;
+    if !output.status.success() {
+        return Err(Error::Config(format!(
+            "{}: setup `{setup}` failed ({}):\n{}",
+            system.place("start.setup"),
+            output.status,
+            tail(&String::from_utf8_lossy(&output.stderr), 20)
+        )));
+    }
+    Ok(())
+}
+
+/// Starts the fleet's workers: how long each took to be ready, and the error that stopped the
+/// start-up, if one did.
+async fn start_fleet(fleet: &mut Fleet<'_>) -> (BTreeMap<String, u64>, Result<()>) {
+    let mut startup_ms = BTreeMap::new();
+    // One at a time: two start-ups at once share the machine's cores and would each look slower.
+    for index in 0..fleet.workers.len() {
+        match fleet.start(index).await {
+            Ok(took) => {
+                startup_ms.insert(fleet.workers[index].id.clone(), took.as_millis() as u64);
+            }
+            Err(err) => return (startup_ms, Err(err)),
+        }
+    }
+    (startup_ms, Ok(()))
+}
+
+/// Stops the fleet's workers (and any of their processes that outlived them), waits for their
+/// output's readers and stops recording their links.
+async fn stop_fleet(fleet: &mut Fleet<'_>) {
     for index in 0..fleet.workers.len() {
         fleet.stop(index, Duration::from_secs(5)).await;
     }
@@ -629,13 +748,10 @@ async fn run_with_backends(
     for worker in fleet.workers.iter().chain(&fleet.submitter) {
         worker.links.stop_recording();
     }
-    result?;
-    if let Some(message) = terminal_matches_nothing(system, &cases) {
-        return Err(Error::Config(format!(
-            "{}: {message}",
-            system.place("results.terminal")
-        )));
-    }
+}
+
+/// What the workers printed: per process start, its output; and every line, in time order.
+fn worker_output(lines: &Lines) -> (BTreeMap<String, String>, Vec<WorkerLine>) {
     let mut outputs: BTreeMap<String, String> = BTreeMap::new();
     let mut log = Vec::new();
     for (at_ms, label, line) in lines.lock().expect("poisoned").iter() {
@@ -650,20 +766,7 @@ async fn run_with_backends(
     }
     // Stdout and stderr are read by separate tasks: time order, as a collector would merge them.
     log.sort_by_key(|l| l.at_ms);
-    Ok(SystemOutcome {
-        system: system.name.clone(),
-        seed: settings.seed,
-        cases,
-        startup_ms,
-        first_failure_ms,
-        outputs,
-        log,
-        kinds: scope_kinds(faults),
-        recovery: {
-            let (bound, source) = system.recovery_bound();
-            format!("{} ms, {source}", bound.as_millis())
-        },
-    })
+    (outputs, log)
 }
 
 /// The fault of case `number` when the framework's own are drawn: every kind in `rotation`
