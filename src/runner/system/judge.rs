@@ -234,129 +234,15 @@ pub(super) async fn judge(
     request: String,
     input: &str,
 ) -> Result<SystemCase> {
-    let system = ctx.system;
-    let results = &system.results;
     let history = history(ctx, &request, input).await?;
-    let (mut invariants, mut not_judged) = judged(system);
-    if ctx.liveness_blind.is_some() {
-        // Whether the request ended cannot be told while racecert itself holds its work: not
-        // judged (and said so on the diagram), never FAILED for racecert's own doing.
-        let liveness = Invariant::LIVENESS;
-        not_judged.extend(invariants.iter().filter(|i| liveness.contains(i)).copied());
-        invariants.retain(|i| !liveness.contains(i));
-    }
-    let mut case = CaseResult::judge(history, &invariants);
-    // A system case has no schedule steps: the proof's place is its time, not "step 0".
-    for violation in &mut case.violations {
-        for line in &mut violation.evidence {
-            if let Some(rest) = line.strip_prefix("step 0 ") {
-                *line = rest.to_owned();
-            }
-        }
-    }
-    for write in &case.history.audit {
-        let terminal = case.history.is_final(write);
-        ctx.arrows.push(Arrow {
-            at_ms: write.recorded_us.map_or(ctx.t0, |us| us / 1000) - ctx.t0,
-            from: write.writer.clone().unwrap_or_else(|| "db".into()),
-            to: "db".into(),
-            label: format!(
-                "{} {} {}->{}{}",
-                write.operation,
-                results.table,
-                write.old_status.as_deref().unwrap_or("-"),
-                write.new_status,
-                write
-                    .output
-                    .as_ref()
-                    .map(|o| format!(" output={o}"))
-                    .unwrap_or_default()
-            ),
-            kind: if terminal { "write" } else { "message" }.into(),
-        });
-    }
-    // What the workers said about it (Celery's own received/succeeded lines, the task's own).
-    let task_lines: Vec<(i64, String, String)> = ctx
-        .fleet
-        .lines
-        .lock()
-        .expect("poisoned")
-        .iter()
-        .filter(|(at, _, line)| {
-            *at >= ctx.t0
-                && (line.contains(&request) || line.contains("received") && line.contains("Task "))
-        })
-        .filter(|(_, _, line)| {
-            [
-                "received",
-                "succeeded in",
-                "retry_dispatched",
-                "late_write_rejected",
-                "WorkerLostError",
-                "Re-enqueued",
-                "Warm shutdown",
-                "exited with",
-            ]
-            .iter()
-            .any(|w| line.contains(w))
-        })
-        .cloned()
-        .collect();
-    for (at, label, line) in task_lines {
-        let worker = label.split('#').next().unwrap_or(&label).to_owned();
-        let short = line
-            .split_once("]: ")
-            .or_else(|| line.split_once("] "))
-            .map_or(line.as_str(), |(_, rest)| rest);
-        let short: String = short.chars().take(110).collect();
-        ctx.arrows.push(Arrow {
-            at_ms: at - ctx.t0,
-            from: worker.clone(),
-            to: worker,
-            label: short,
-            kind: "message".into(),
-        });
-    }
-    // The worker's own lock and cache round trips (`[keys]`), as its wire carried them.
-    let layout = system.keys.matcher();
-    let own_keys: Vec<Arrow> = case_trips(ctx)
-        .iter()
-        .filter_map(|(at, event)| match &event.trip.request {
-            Request::Redis(command)
-                if command
-                    .keys
-                    .iter()
-                    .any(|k| layout.is_lease(k) || layout.is_cache(k)) =>
-            {
-                Some(Arrow {
-                    at_ms: at - ctx.t0,
-                    from: event.worker.clone(),
-                    to: "redis".into(),
-                    label: event.trip.describe(None),
-                    kind: "message".into(),
-                })
-            }
-            _ => None,
-        })
-        .collect();
+    let (case, not_judged) = judge_history(ctx, history);
+    let writes = write_arrows(ctx, &case.history);
+    ctx.arrows.extend(writes);
+    let task_lines = task_line_arrows(ctx, &request);
+    ctx.arrows.extend(task_lines);
+    let own_keys = own_key_arrows(ctx);
     ctx.arrows.extend(own_keys);
-    // Statements on the request that never got an answer (a partition, a death mid-statement):
-    // the audit trail cannot show them, the wire can.
-    let lost: Vec<Arrow> = case_trips(ctx)
-        .iter()
-        .filter(|(_, event)| {
-            event.trip.reply.is_none()
-                && matches!(event.trip.request, Request::Postgres(_))
-                && event.trip.names_any(&[request.as_str()])
-        })
-        .map(|(_, event)| Arrow {
-            at_ms: sent_unix_ms(ctx, &event.trip) - ctx.t0,
-            from: event.worker.clone(),
-            to: "db".into(),
-            label: format!("{}: its connection ended first", event.trip.describe(None)),
-            kind: "message".into(),
-        })
-        .collect();
+    let lost = lost_statement_arrows(ctx, &request);
     ctx.arrows.extend(lost);
     ctx.arrows.extend(model_call_arrows(ctx, input, fault));
     let model_calls = ctx.request_calls().await;
@@ -377,17 +263,6 @@ pub(super) async fn judge(
     }
     let mut arrows = std::mem::take(&mut ctx.arrows);
     arrows.sort_by_key(|a| a.at_ms);
-    let mut lanes = vec!["racecert".to_owned(), "redis".to_owned()];
-    if let Some(submitter) = &ctx.fleet.submitter {
-        lanes.push(submitter.id.clone());
-    }
-    for worker in &ctx.fleet.workers {
-        lanes.push(worker.id.clone());
-    }
-    for (version, _) in &system.versions {
-        lanes.push(format!("model {version}"));
-    }
-    lanes.push("db".into());
     Ok(SystemCase {
         number,
         fault,
@@ -396,7 +271,7 @@ pub(super) async fn judge(
         violations: case.violations.clone(),
         not_judged,
         diagram: arrows,
-        lanes,
+        lanes: lanes(ctx),
         elapsed_ms: 0,
         model_calls,
         final_writes,
@@ -408,6 +283,169 @@ pub(super) async fn judge(
             _ => None,
         }),
     })
+}
+
+/// The case's history judged on the invariants the system makes judgeable (liveness set aside
+/// when racecert held the request's work), and the invariants not judged.
+fn judge_history(ctx: &CaseCtx<'_, '_>, history: History) -> (CaseResult, Vec<Invariant>) {
+    let (mut invariants, mut not_judged) = judged(ctx.system);
+    if ctx.liveness_blind.is_some() {
+        // Whether the request ended cannot be told while racecert itself holds its work: not
+        // judged (and said so on the diagram), never FAILED for racecert's own doing.
+        let liveness = Invariant::LIVENESS;
+        not_judged.extend(invariants.iter().filter(|i| liveness.contains(i)).copied());
+        invariants.retain(|i| !liveness.contains(i));
+    }
+    let mut case = CaseResult::judge(history, &invariants);
+    // A system case has no schedule steps: the proof's place is its time, not "step 0".
+    for violation in &mut case.violations {
+        for line in &mut violation.evidence {
+            if let Some(rest) = line.strip_prefix("step 0 ") {
+                *line = rest.to_owned();
+            }
+        }
+    }
+    (case, not_judged)
+}
+
+/// One arrow per audited write, from its writer to the database: a final write's as a write.
+fn write_arrows(ctx: &CaseCtx<'_, '_>, history: &History) -> Vec<Arrow> {
+    let results = &ctx.system.results;
+    history
+        .audit
+        .iter()
+        .map(|write| {
+            let terminal = history.is_final(write);
+            Arrow {
+                at_ms: write.recorded_us.map_or(ctx.t0, |us| us / 1000) - ctx.t0,
+                from: write.writer.clone().unwrap_or_else(|| "db".into()),
+                to: "db".into(),
+                label: format!(
+                    "{} {} {}->{}{}",
+                    write.operation,
+                    results.table,
+                    write.old_status.as_deref().unwrap_or("-"),
+                    write.new_status,
+                    write
+                        .output
+                        .as_ref()
+                        .map(|o| format!(" output={o}"))
+                        .unwrap_or_default()
+                ),
+                kind: if terminal { "write" } else { "message" }.into(),
+            }
+        })
+        .collect()
+}
+
+/// What the workers said about the request (Celery's own received/succeeded lines, the task's
+/// own), each a note on the worker's lane.
+fn task_line_arrows(ctx: &CaseCtx<'_, '_>, request: &str) -> Vec<Arrow> {
+    let task_lines: Vec<(i64, String, String)> = ctx
+        .fleet
+        .lines
+        .lock()
+        .expect("poisoned")
+        .iter()
+        .filter(|(at, _, line)| {
+            *at >= ctx.t0
+                && (line.contains(request) || line.contains("received") && line.contains("Task "))
+        })
+        .filter(|(_, _, line)| {
+            [
+                "received",
+                "succeeded in",
+                "retry_dispatched",
+                "late_write_rejected",
+                "WorkerLostError",
+                "Re-enqueued",
+                "Warm shutdown",
+                "exited with",
+            ]
+            .iter()
+            .any(|w| line.contains(w))
+        })
+        .cloned()
+        .collect();
+    let mut arrows = Vec::new();
+    for (at, label, line) in task_lines {
+        let worker = label.split('#').next().unwrap_or(&label).to_owned();
+        let short = line
+            .split_once("]: ")
+            .or_else(|| line.split_once("] "))
+            .map_or(line.as_str(), |(_, rest)| rest);
+        let short: String = short.chars().take(110).collect();
+        arrows.push(Arrow {
+            at_ms: at - ctx.t0,
+            from: worker.clone(),
+            to: worker,
+            label: short,
+            kind: "message".into(),
+        });
+    }
+    arrows
+}
+
+/// The worker's own lock and cache round trips (`[keys]`), as its wire carried them.
+fn own_key_arrows(ctx: &CaseCtx<'_, '_>) -> Vec<Arrow> {
+    let layout = ctx.system.keys.matcher();
+    case_trips(ctx)
+        .iter()
+        .filter_map(|(at, event)| match &event.trip.request {
+            Request::Redis(command)
+                if command
+                    .keys
+                    .iter()
+                    .any(|k| layout.is_lease(k) || layout.is_cache(k)) =>
+            {
+                Some(Arrow {
+                    at_ms: at - ctx.t0,
+                    from: event.worker.clone(),
+                    to: "redis".into(),
+                    label: event.trip.describe(None),
+                    kind: "message".into(),
+                })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Statements on the request that never got an answer (a partition, a death mid-statement):
+/// the audit trail cannot show them, the wire can.
+fn lost_statement_arrows(ctx: &CaseCtx<'_, '_>, request: &str) -> Vec<Arrow> {
+    case_trips(ctx)
+        .iter()
+        .filter(|(_, event)| {
+            event.trip.reply.is_none()
+                && matches!(event.trip.request, Request::Postgres(_))
+                && event.trip.names_any(&[request])
+        })
+        .map(|(_, event)| Arrow {
+            at_ms: sent_unix_ms(ctx, &event.trip) - ctx.t0,
+            from: event.worker.clone(),
+            to: "db".into(),
+            label: format!("{}: its connection ended first", event.trip.describe(None)),
+            kind: "message".into(),
+        })
+        .collect()
+}
+
+/// The diagram's lanes, left to right: racecert, Redis, the submitter, the workers, the models,
+/// the database.
+fn lanes(ctx: &CaseCtx<'_, '_>) -> Vec<String> {
+    let mut lanes = vec!["racecert".to_owned(), "redis".to_owned()];
+    if let Some(submitter) = &ctx.fleet.submitter {
+        lanes.push(submitter.id.clone());
+    }
+    for worker in &ctx.fleet.workers {
+        lanes.push(worker.id.clone());
+    }
+    for (version, _) in &ctx.system.versions {
+        lanes.push(format!("model {version}"));
+    }
+    lanes.push("db".into());
+    lanes
 }
 
 /// Every model call of the case's request, as the workers' backend links carried it (the body
