@@ -275,6 +275,8 @@ impl CaseCtx<'_, '_> {
     }
 }
 
+/// Runs case `number`: the fleet readied, the request submitted, `fault` applied once a worker
+/// took it, a drain, the verdict.
 pub(super) async fn run_case(
     ctx: &mut CaseCtx<'_, '_>,
     number: u32,
@@ -286,6 +288,52 @@ pub(super) async fn run_case(
     let system = ctx.system;
     let request_id = format!("{}-req", ctx.prefix);
     let input = format!("{} hello world {number}", ctx.prefix);
+    let (vt, orphan, slow) = clocks(system, fault);
+    let slow_guards = prepare_case(ctx, number, fault, vt, orphan, slow).await?;
+    let delivery_tag = submit_request(ctx, number, fault, &request_id, &input).await?;
+    let _ = (redis_db, venv, database);
+
+    // Taken: a model call of this case arrived at some version's backend.
+    let waited = Instant::now();
+    let Some(taker) = wait_for_taker(ctx, waited).await? else {
+        if ctx.first {
+            return Err(no_consumer(ctx, &request_id, waited).await?);
+        }
+        release_all(slow_guards).await;
+        let held = ctx.held_calls();
+        if !held.is_empty() {
+            // Busy with work racecert still holds: an untaken request is racecert's doing.
+            ctx.liveness_blind = Some(format!(
+                "no worker took the request: {} still in model call(s) racecert's backends held",
+                held.join(", ")
+            ));
+        }
+        return judge(ctx, number, fault, request_id, &input).await;
+    };
+    let call_started = Instant::now();
+    let other = (taker + 1) % ctx.fleet.workers.len();
+
+    ctx.aim.taker = taker;
+    ctx.aim.other = other;
+    ctx.aim.delivery_tag = delivery_tag;
+    ctx.aim.slow_guards = slow_guards;
+    ctx.aim.request = Some((request_id.clone(), input.clone()));
+    ctx.aim.call_started = Some(call_started);
+    let applied = apply_fault(ctx, fault, taker).await?;
+    let slow_guards = std::mem::take(&mut ctx.aim.slow_guards);
+    // The first attempt's model call may still be running: wait it out, then drain.
+    let done_by = call_started + slow + Duration::from_millis(500);
+    release_all(slow_guards).await;
+    // The system's own recovery (a requeue after a heartbeat timeout) may end the request
+    // later than the preset's bounds: liveness waits for whichever is longer.
+    let recovery = vt.max(orphan).max(system.recovery_bound().0);
+    drain(ctx, done_by, applied + recovery, recovery).await?;
+    judge(ctx, number, fault, request_id, &input).await
+}
+
+/// The case's clocks: the broker's visibility timeout, how long a worker that stopped
+/// heartbeating keeps its job, and how long the first attempt's model call lasts.
+fn clocks(system: &System, fault: FaultKind) -> (Duration, Duration, Duration) {
     let vt = system
         .celery
         .as_ref()
@@ -307,6 +355,19 @@ pub(super) async fn run_case(
         system.model_timeout,
         system.time_limit(),
     );
+    (vt, orphan, slow)
+}
+
+/// Readies the fleet for the case's fault, slows the models (their programs returned), notes
+/// what the broker already held and the clocks the fault aims by.
+async fn prepare_case(
+    ctx: &mut CaseCtx<'_, '_>,
+    number: u32,
+    fault: FaultKind,
+    vt: Duration,
+    orphan: Duration,
+    slow: Duration,
+) -> Result<Vec<ProgramGuard>> {
     idle_fleet(ctx).await?;
     prepare_fleet(ctx, fault).await?;
     let slow_guards = ctx.slow_models(slow).await?;
@@ -327,79 +388,83 @@ pub(super) async fn run_case(
         ),
         "message",
     );
+    Ok(slow_guards)
+}
 
-    let delivery_tag = if fault == FaultKind::PrefetchRestore {
+/// Submits the case's request (behind a slow task for the prefetch fault); its Celery delivery
+/// tag when racecert wrote it.
+async fn submit_request(
+    ctx: &mut CaseCtx<'_, '_>,
+    number: u32,
+    fault: FaultKind,
+    request_id: &str,
+    input: &str,
+) -> Result<Option<String>> {
+    if fault == FaultKind::PrefetchRestore {
         // A slow task first, then the request: the worker reserves the request behind it.
         let blocker = format!("{} blocker {number}", ctx.prefix);
         ctx.companions.push(blocker.clone());
         ctx.submit(&format!("{}-blk", ctx.prefix), &blocker).await?;
-        ctx.submit(&request_id, &input).await?
+        ctx.submit(request_id, input).await
     } else {
-        ctx.submit(&request_id, &input).await?
-    };
-    let _ = (redis_db, venv, database);
+        ctx.submit(request_id, input).await
+    }
+}
 
-    // Taken: a model call of this case arrived at some version's backend.
-    let waited = Instant::now();
-    let taker = loop {
+/// The worker whose version's backend got the case's first model call, waiting from `waited`
+/// up to the start-up deadline (at most 30 s); `None` when none came.
+async fn wait_for_taker(ctx: &CaseCtx<'_, '_>, waited: Instant) -> Result<Option<usize>> {
+    loop {
         let calls = ctx.calls().await?;
         if let Some(index) = calls.iter().position(|(_, n)| *n > 0) {
-            break Some(index);
+            return Ok(Some(index));
         }
         if waited.elapsed() > ctx.fleet.deadline.min(Duration::from_secs(30)) {
-            break None;
+            return Ok(None);
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
-    };
-    let Some(taker) = taker else {
-        if ctx.first {
-            let queued = match &system.submit {
-                Submit::Preset { queue, .. } if system.framework == Framework::Celery => {
-                    let len: i64 = redis::cmd("LLEN").arg(queue).query_async(ctx.rd).await?;
-                    let unacked: i64 = redis::cmd("HLEN")
-                        .arg(celery_keys::UNACKED)
-                        .query_async(ctx.rd)
-                        .await?;
-                    format!("; the queue {queue:?} holds {len} message(s), `unacked` {unacked}")
-                }
-                _ => String::new(),
-            };
-            let mut last = String::new();
-            for worker in &ctx.fleet.workers {
-                last.push_str(&format!(
-                    "\n{}:\n{}",
-                    worker.id,
-                    ctx.fleet
-                        .output_of(&format!("{}#{}", worker.id, worker.starts), 10)
-                ));
-            }
-            return Err(Error::Config(format!(
-                "{}: no worker consumed request {request_id} (no model call within {:?}){queued}; the workers' last lines:{last}",
-                system.place("start.command"),
-                waited.elapsed()
-            )));
-        }
-        release_all(slow_guards).await;
-        let held = ctx.held_calls();
-        if !held.is_empty() {
-            // Busy with work racecert still holds: an untaken request is racecert's doing.
-            ctx.liveness_blind = Some(format!(
-                "no worker took the request: {} still in model call(s) racecert's backends held",
-                held.join(", ")
-            ));
-        }
-        return judge(ctx, number, fault, request_id, &input).await;
-    };
-    let call_started = Instant::now();
-    let taker_id = ctx.fleet.workers[taker].id.clone();
-    let other = (taker + 1) % ctx.fleet.workers.len();
+    }
+}
 
-    ctx.aim.taker = taker;
-    ctx.aim.other = other;
-    ctx.aim.delivery_tag = delivery_tag;
-    ctx.aim.slow_guards = slow_guards;
-    ctx.aim.request = Some((request_id.clone(), input.clone()));
-    ctx.aim.call_started = Some(call_started);
+/// The error of a first case no worker consumed: what the broker holds and the workers' last
+/// lines, most likely a start command that does not consume the queue.
+async fn no_consumer(
+    ctx: &mut CaseCtx<'_, '_>,
+    request_id: &str,
+    waited: Instant,
+) -> Result<Error> {
+    let system = ctx.system;
+    let queued = match &system.submit {
+        Submit::Preset { queue, .. } if system.framework == Framework::Celery => {
+            let len: i64 = redis::cmd("LLEN").arg(queue).query_async(ctx.rd).await?;
+            let unacked: i64 = redis::cmd("HLEN")
+                .arg(celery_keys::UNACKED)
+                .query_async(ctx.rd)
+                .await?;
+            format!("; the queue {queue:?} holds {len} message(s), `unacked` {unacked}")
+        }
+        _ => String::new(),
+    };
+    let mut last = String::new();
+    for worker in &ctx.fleet.workers {
+        last.push_str(&format!(
+            "\n{}:\n{}",
+            worker.id,
+            ctx.fleet
+                .output_of(&format!("{}#{}", worker.id, worker.starts), 10)
+        ));
+    }
+    Ok(Error::Config(format!(
+        "{}: no worker consumed request {request_id} (no model call within {:?}){queued}; the workers' last lines:{last}",
+        system.place("start.command"),
+        waited.elapsed()
+    )))
+}
+
+/// Applies the case's fault to the worker that took the request and records what it did;
+/// returns when it was applied.
+async fn apply_fault(ctx: &mut CaseCtx<'_, '_>, fault: FaultKind, taker: usize) -> Result<Instant> {
+    let taker_id = ctx.fleet.workers[taker].id.clone();
     let began = now_ms();
     let applied = Instant::now();
     let effect = crate::fault::apply(
@@ -416,15 +481,7 @@ pub(super) async fn run_case(
         ctx.note(&taker_id, &taker_id, effect.to_string(), "fault");
     }
     ctx.effects.push((began, effect));
-    let slow_guards = std::mem::take(&mut ctx.aim.slow_guards);
-    // The first attempt's model call may still be running: wait it out, then drain.
-    let done_by = call_started + slow + Duration::from_millis(500);
-    release_all(slow_guards).await;
-    // The system's own recovery (a requeue after a heartbeat timeout) may end the request
-    // later than the preset's bounds: liveness waits for whichever is longer.
-    let recovery = vt.max(orphan).max(system.recovery_bound().0);
-    drain(ctx, done_by, applied + recovery, recovery).await?;
-    judge(ctx, number, fault, request_id, &input).await
+    Ok(applied)
 }
 
 impl CaseCtx<'_, '_> {
