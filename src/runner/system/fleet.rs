@@ -103,6 +103,38 @@ impl Fleet<'_> {
         let worker = &mut self.workers[index];
         worker.starts += 1;
         let label = format!("{}#{}", worker.id, worker.starts);
+        let mut command = self.command(index);
+        let worker = &self.workers[index];
+        let mut child = command.spawn().map_err(|err| {
+            Error::io(
+                format!(
+                    "{}: start `{}` in {}",
+                    self.system.place("start.command"),
+                    worker.command,
+                    self.system.start.workdir.display()
+                ),
+                err,
+            )
+        })?;
+        self.read_output(&mut child, &label);
+        let worker = &mut self.workers[index];
+        worker.child = Some(child);
+        let ready = self.ready.as_ref().map(|r| {
+            fill(
+                r,
+                &[
+                    ("worker_id", &worker.id),
+                    ("model_version", &worker.version),
+                ],
+            )
+        });
+        self.wait_ready(index, started, &label, ready).await
+    }
+
+    /// The command that runs worker `index`: in its workdir, with only its own variables (and
+    /// the run's mark), its output piped, in a process group of its own.
+    fn command(&self, index: usize) -> Command {
+        let worker = &self.workers[index];
         let mut command = Command::new("sh");
         command
             .arg("-c")
@@ -138,17 +170,11 @@ impl Fleet<'_> {
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
             .process_group(0);
-        let mut child = command.spawn().map_err(|err| {
-            Error::io(
-                format!(
-                    "{}: start `{}` in {}",
-                    self.system.place("start.command"),
-                    worker.command,
-                    self.system.start.workdir.display()
-                ),
-                err,
-            )
-        })?;
+        command
+    }
+
+    /// Reads the child's stdout and stderr into the fleet's lines, each line under `label`.
+    fn read_output(&mut self, child: &mut tokio::process::Child, label: &str) {
         for stream in [
             child
                 .stdout
@@ -162,7 +188,7 @@ impl Fleet<'_> {
         .into_iter()
         .flatten()
         {
-            let (lines, label) = (self.lines.clone(), label.clone());
+            let (lines, label) = (self.lines.clone(), label.to_owned());
             self.readers.push(tokio::spawn(async move {
                 let mut reader = BufReader::new(stream).lines();
                 while let Ok(Some(line)) = reader.next_line().await {
@@ -173,18 +199,20 @@ impl Fleet<'_> {
                 }
             }));
         }
-        worker.child = Some(child);
-        let ready = self.ready.as_ref().map(|r| {
-            fill(
-                r,
-                &[
-                    ("worker_id", &worker.id),
-                    ("model_version", &worker.version),
-                ],
-            )
-        });
-        let id = worker.id.clone();
-        let shown = worker.command.clone();
+    }
+
+    /// Waits until worker `index` (started at `started`, its process `label`) is ready: the
+    /// `ready` line, else its first broker or database round trip. Its exit first, or the
+    /// deadline, is an error with its output.
+    async fn wait_ready(
+        &mut self,
+        index: usize,
+        started: Instant,
+        label: &str,
+        ready: Option<String>,
+    ) -> Result<Duration> {
+        let id = self.workers[index].id.clone();
+        let shown = self.workers[index].command.clone();
         loop {
             let seen = match &ready {
                 Some(ready) => self
@@ -219,7 +247,7 @@ impl Fleet<'_> {
                         .as_ref()
                         .map(|r| format!(" (no line containing {r:?})"))
                         .unwrap_or_default(),
-                    self.output_of(&label, 25)
+                    self.output_of(label, 25)
                 )));
             }
             if started.elapsed() > self.deadline || crate::interrupt::requested().is_some() {
@@ -232,7 +260,7 @@ impl Fleet<'_> {
                         .as_ref()
                         .map(|r| format!(" (no line containing {r:?})"))
                         .unwrap_or_default(),
-                    self.output_of(&label, 25)
+                    self.output_of(label, 25)
                 )));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
