@@ -20,7 +20,6 @@ impl CaseCtx<'_, '_> {
         let venv = self.venv.clone();
         let venv = venv.as_str();
         let values = [("request_id", request_id), ("input", input), ("venv", venv)];
-        let mut delivery_tag = None;
         self.observations.push((
             now_ms(),
             Observation::Submitted {
@@ -35,112 +34,150 @@ impl CaseCtx<'_, '_> {
                     .collect();
                 match system.framework {
                     Framework::Celery => {
-                        let rng = &mut self.rng;
-                        let message =
-                            celery_message(task, queue, &args, &mut || rng.random::<u128>());
-                        let _: i64 = redis::cmd("LPUSH")
-                            .arg(queue)
-                            .arg(&message.envelope)
-                            .query_async(self.rd)
-                            .await?;
-                        self.enqueued(
-                            "racecert",
-                            request_id,
-                            &message.task_id,
-                            format!(
-                                "LPUSH {queue} {task}[{}] tag {}",
-                                message.task_id, message.delivery_tag
-                            ),
-                        );
-                        delivery_tag = Some(message.delivery_tag);
+                        let tag = self.submit_celery(task, queue, &args, request_id).await?;
+                        Ok(Some(tag))
                     }
                     Framework::Apalis => {
-                        let job = serde_json::to_string(&args)
-                            .map_err(|e| Error::other(e.to_string()))?;
-                        let id: String = sqlx::query_scalar(APALIS_INSERT)
-                        .bind(task)
-                        .bind(&job)
-                        .fetch_one(&mut *self.pg)
-                        .await
-                        .map_err(|err| {
-                            Error::Config(format!(
-                                "{}: enqueueing an apalis job failed (are apalis' tables created by the worker?): {err}",
-                                system.place("submit")
-                            ))
-                        })?;
-                        self.note(
-                            "racecert",
-                            "db",
-                            format!("INSERT apalis.jobs {task} id {id}"),
-                            "message",
-                        );
+                        self.submit_apalis(task, &args).await?;
+                        Ok(None)
                     }
                     Framework::Dramatiq => {
-                        let namespace = &system.dramatiq()?.namespace;
-                        let rng = &mut self.rng;
-                        let message = dramatiq_message(task, queue, &args, now_ms(), &mut || {
-                            rng.random::<u128>()
-                        });
-                        let (list, messages) = dramatiq_keys(namespace, queue);
-                        // dispatch.lua's `enqueue`, in one transaction as the script runs.
-                        let _: () = redis::pipe()
-                            .atomic()
-                            .hset(&messages, &message.redis_message_id, &message.data)
-                            .ignore()
-                            .rpush(&list, &message.redis_message_id)
-                            .ignore()
-                            .query_async(self.rd)
-                            .await?;
-                        self.enqueued(
-                            "racecert",
-                            request_id,
-                            &message.message_id,
-                            format!(
-                                "HSET {messages} + RPUSH {list}: {task}[{}]",
-                                message.message_id
-                            ),
-                        );
+                        self.submit_dramatiq(task, queue, &args, request_id).await?;
+                        Ok(None)
                     }
                     Framework::Custom => unreachable!("validated: custom has no preset"),
                 }
             }
-            Submit::Command(command) => {
-                let since = now_ms();
-                let command = self
-                    .team_command(
-                        command,
-                        &[("request_id", request_id), ("input", input)],
-                        "submit",
-                        "submit command",
-                        SUBMIT_BOUND,
-                    )
-                    .await?;
-                self.note(
-                    "racecert",
-                    "racecert",
-                    format!("submitted with `{command}`"),
-                    "message",
-                );
-                if let Some(pushed) = self.pushed_by_submitter(since, request_id, input) {
-                    self.enqueued(
-                        SUBMITTER,
-                        request_id,
-                        &pushed.job_id,
-                        format!(
-                            "the submitter pushed message {}{} (read from the wire)",
-                            pushed.job_id,
-                            pushed
-                                .delivery_tag
-                                .as_ref()
-                                .map(|tag| format!(", delivery tag {tag}"))
-                                .unwrap_or_default()
-                        ),
-                    );
-                    delivery_tag = pushed.delivery_tag;
-                }
-            }
+            Submit::Command(command) => self.submit_by_command(command, request_id, input).await,
         }
-        Ok(delivery_tag)
+    }
+
+    /// Pushes the request as Celery's message of `task` on `queue`; returns its delivery tag.
+    async fn submit_celery(
+        &mut self,
+        task: &str,
+        queue: &str,
+        args: &BTreeMap<String, String>,
+        request_id: &str,
+    ) -> Result<String> {
+        let rng = &mut self.rng;
+        let message = celery_message(task, queue, args, &mut || rng.random::<u128>());
+        let _: i64 = redis::cmd("LPUSH")
+            .arg(queue)
+            .arg(&message.envelope)
+            .query_async(self.rd)
+            .await?;
+        self.enqueued(
+            "racecert",
+            request_id,
+            &message.task_id,
+            format!(
+                "LPUSH {queue} {task}[{}] tag {}",
+                message.task_id, message.delivery_tag
+            ),
+        );
+        Ok(message.delivery_tag)
+    }
+
+    /// Inserts the request as an apalis job of type `task`.
+    async fn submit_apalis(&mut self, task: &str, args: &BTreeMap<String, String>) -> Result<()> {
+        let system = self.system;
+        let job = serde_json::to_string(args).map_err(|e| Error::other(e.to_string()))?;
+        let id: String = sqlx::query_scalar(APALIS_INSERT)
+            .bind(task)
+            .bind(&job)
+            .fetch_one(&mut *self.pg)
+            .await
+            .map_err(|err| {
+                Error::Config(format!(
+                    "{}: enqueueing an apalis job failed (are apalis' tables created by the worker?): {err}",
+                    system.place("submit")
+                ))
+            })?;
+        self.note(
+            "racecert",
+            "db",
+            format!("INSERT apalis.jobs {task} id {id}"),
+            "message",
+        );
+        Ok(())
+    }
+
+    /// Enqueues the request as Dramatiq's message for actor `task` on `queue`.
+    async fn submit_dramatiq(
+        &mut self,
+        task: &str,
+        queue: &str,
+        args: &BTreeMap<String, String>,
+        request_id: &str,
+    ) -> Result<()> {
+        let namespace = &self.system.dramatiq()?.namespace;
+        let rng = &mut self.rng;
+        let message = dramatiq_message(task, queue, args, now_ms(), &mut || rng.random::<u128>());
+        let (list, messages) = dramatiq_keys(namespace, queue);
+        // dispatch.lua's `enqueue`, in one transaction as the script runs.
+        let _: () = redis::pipe()
+            .atomic()
+            .hset(&messages, &message.redis_message_id, &message.data)
+            .ignore()
+            .rpush(&list, &message.redis_message_id)
+            .ignore()
+            .query_async(self.rd)
+            .await?;
+        self.enqueued(
+            "racecert",
+            request_id,
+            &message.message_id,
+            format!(
+                "HSET {messages} + RPUSH {list}: {task}[{}]",
+                message.message_id
+            ),
+        );
+        Ok(())
+    }
+
+    /// Runs the team's submit command for the request; the delivery tag of the message it
+    /// pushed, when the wire shows one.
+    async fn submit_by_command(
+        &mut self,
+        command: &str,
+        request_id: &str,
+        input: &str,
+    ) -> Result<Option<String>> {
+        let since = now_ms();
+        let command = self
+            .team_command(
+                command,
+                &[("request_id", request_id), ("input", input)],
+                "submit",
+                "submit command",
+                SUBMIT_BOUND,
+            )
+            .await?;
+        self.note(
+            "racecert",
+            "racecert",
+            format!("submitted with `{command}`"),
+            "message",
+        );
+        let Some(pushed) = self.pushed_by_submitter(since, request_id, input) else {
+            return Ok(None);
+        };
+        self.enqueued(
+            SUBMITTER,
+            request_id,
+            &pushed.job_id,
+            format!(
+                "the submitter pushed message {}{} (read from the wire)",
+                pushed.job_id,
+                pushed
+                    .delivery_tag
+                    .as_ref()
+                    .map(|tag| format!(", delivery tag {tag}"))
+                    .unwrap_or_default()
+            ),
+        );
+        Ok(pushed.delivery_tag)
     }
 
     /// Records that `from` enqueued the request as the framework's message `job_id`: on the
