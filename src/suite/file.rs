@@ -171,6 +171,53 @@ pub fn load(path: &Path) -> Result<LoadedSuite> {
     parse(&text, &path.display().to_string())
 }
 
+/// Where errors in one suite text point: the text (for line and column) and its name.
+struct Place<'a> {
+    text: &'a str,
+    origin: &'a str,
+}
+
+impl Place<'_> {
+    /// A configuration error at the start of `span`, prefixed with file, line and column.
+    fn at(&self, span: std::ops::Range<usize>, message: String) -> Error {
+        let (line, col) = line_col(self.text, span.start);
+        Error::Config(format!("{}:{line}:{col}: {message}", self.origin))
+    }
+
+    /// A configuration error naming only the file (for settings no one span is to blame for).
+    fn whole(&self, message: &str) -> Error {
+        Error::Config(format!("{}: {message}", self.origin))
+    }
+
+    /// `value` as a positive number, or an error naming `field` at its place.
+    fn positive(&self, value: &Spanned<i64>, field: &str) -> Result<u64> {
+        if *value.get_ref() <= 0 {
+            return Err(self.at(
+                value.span(),
+                format!("{field} must be a positive number, got {}", value.get_ref()),
+            ));
+        }
+        Ok(*value.get_ref() as u64)
+    }
+
+    /// The fault kind named `kind`, or an error listing the known ones.
+    fn fault_kind(&self, kind: &Spanned<String>) -> Result<FaultKind> {
+        FaultKind::ALL
+            .into_iter()
+            .find(|k| k.name() == kind.get_ref())
+            .ok_or_else(|| {
+                self.at(
+                    kind.span(),
+                    format!(
+                        "unknown fault {:?}; expected one of {}",
+                        kind.get_ref(),
+                        FaultKind::ALL.map(FaultKind::name).join(", ")
+                    ),
+                )
+            })
+    }
+}
+
 /// Parses and validates suite text; `origin` names it in errors.
 pub fn parse(text: &str, origin: &str) -> Result<LoadedSuite> {
     let file: SuiteFile = toml::from_str(text).map_err(|err| {
@@ -180,277 +227,25 @@ pub fn parse(text: &str, origin: &str) -> Result<LoadedSuite> {
             .unwrap_or((1, 1));
         Error::Config(format!("{origin}:{line}:{col}: {}", err.message().trim()))
     })?;
-    let at = |span: std::ops::Range<usize>, message: String| -> Error {
-        let (line, col) = line_col(text, span.start);
-        Error::Config(format!("{origin}:{line}:{col}: {message}"))
-    };
-    let positive = |value: &Spanned<i64>, field: &str| -> Result<u64> {
-        if *value.get_ref() <= 0 {
-            return Err(at(
-                value.span(),
-                format!("{field} must be a positive number, got {}", value.get_ref()),
-            ));
-        }
-        Ok(*value.get_ref() as u64)
-    };
+    let place = Place { text, origin };
 
-    let name = file.name.get_ref().clone();
-    if name.is_empty()
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
-        return Err(at(
-            file.name.span(),
-            format!("name {name:?} must be non-empty letters, digits, '-' or '_'"),
-        ));
-    }
-    let cases = file
-        .cases
-        .as_ref()
-        .map(|cases| positive(cases, "cases"))
-        .transpose()?;
-    let budget = match &file.time_budget_s {
-        Some(budget) if !(budget.get_ref().is_finite() && *budget.get_ref() > 0.0) => {
-            return Err(at(
-                budget.span(),
-                format!(
-                    "time_budget_s must be a positive number of seconds, got {}",
-                    budget.get_ref()
-                ),
-            ));
-        }
-        Some(budget) => Some(Duration::from_secs_f64(*budget.get_ref())),
-        None => None,
-    };
-    if let (Some(cases), Some(budget)) = (&file.cases, &file.time_budget_s) {
-        let (first, _) = if cases.span().start < budget.span().start {
-            (cases.span(), budget.span())
-        } else {
-            (budget.span(), cases.span())
-        };
-        return Err(at(
-            first,
-            "give cases (a fixed number, for exact reproduction) or time_budget_s (spent on as many cases as fit), not both".into(),
-        ));
-    }
-    let backend = positive(&file.timeouts.backend_ms, "timeouts.backend_ms")?;
-    let lease = positive(&file.timeouts.lease_ttl_ms, "timeouts.lease_ttl_ms")?;
-    let visibility = positive(&file.timeouts.visibility_ms, "timeouts.visibility_ms")?;
-    if lease <= backend {
-        return Err(at(
-            file.timeouts.lease_ttl_ms.span(),
-            format!(
-                "lease_ttl_ms ({lease}) must exceed backend_ms ({backend}): a lease shorter than a call is a fault to inject (lease-expiry), not a setting"
-            ),
-        ));
-    }
-    if visibility <= backend {
-        return Err(at(
-            file.timeouts.visibility_ms.span(),
-            format!(
-                "visibility_ms ({visibility}) must exceed backend_ms ({backend}): redeliveries during a call are a fault to inject (retry-overlap), not a setting"
-            ),
-        ));
-    }
-    let expect_pass = match file.expected.get_ref().as_str() {
-        "pass" => true,
-        "fail" => false,
-        other => {
-            return Err(at(
-                file.expected.span(),
-                format!("expected must be \"pass\" or \"fail\", got {other:?}"),
-            ));
-        }
-    };
-
-    let mut versions = Vec::new();
-    for (version, backend_name) in file.versions.get_ref() {
-        if !backend_name.is_str() {
-            return Err(at(
-                file.versions.span(),
-                format!("versions.{version} must name a backend (a string)"),
-            ));
-        }
-        if !matches!(version.as_str(), "v1" | "v2") {
-            return Err(at(
-                file.versions.span(),
-                format!(
-                    "version {version:?}: the test bed serves v1 (model-backend-A) and v2 (model-backend-B)"
-                ),
-            ));
-        }
-        versions.push(version.clone());
-    }
-    if versions.is_empty() {
-        return Err(at(
-            file.versions.span(),
-            "versions: at least one model version".into(),
-        ));
-    }
-    let mut workers = Vec::new();
-    for worker in file.workers.get_ref() {
-        if !versions.contains(worker.version.get_ref()) {
-            return Err(at(
-                worker.version.span(),
-                format!(
-                    "worker {} runs {:?}, which is not among versions ({})",
-                    worker.id.get_ref(),
-                    worker.version.get_ref(),
-                    versions.join(", ")
-                ),
-            ));
-        }
-        if workers
-            .iter()
-            .any(|w: &WorkerSpec| &w.id == worker.id.get_ref())
-        {
-            return Err(at(
-                worker.id.span(),
-                format!("duplicate worker id {:?}", worker.id.get_ref()),
-            ));
-        }
-        if worker.id.get_ref().is_empty() || worker.id.get_ref().contains(char::is_whitespace) {
-            return Err(at(
-                worker.id.span(),
-                "worker id must be non-empty without spaces".into(),
-            ));
-        }
-        workers.push(WorkerSpec {
-            id: worker.id.get_ref().clone(),
-            version: worker.version.get_ref().clone(),
-        });
-    }
-    if workers.is_empty() {
-        return Err(at(
-            file.workers.span(),
-            "workers: at least one worker".into(),
-        ));
-    }
-    let mut faults = Vec::new();
-    for kind in file.faults.kinds.get_ref() {
-        let found = FaultKind::ALL
-            .into_iter()
-            .find(|k| k.name() == kind.get_ref());
-        match found {
-            Some(k) => faults.push(k),
-            None => {
-                return Err(at(
-                    kind.span(),
-                    format!(
-                        "unknown fault {:?}; expected one of {}",
-                        kind.get_ref(),
-                        FaultKind::ALL.map(FaultKind::name).join(", ")
-                    ),
-                ));
-            }
-        }
-    }
-    let mut scope = Scope::of(&faults);
-    if let Some(min) = &file.faults.min_landed {
-        if *min.get_ref() < 1 {
-            return Err(at(
-                min.span(),
-                format!("min_landed must be at least 1, not {}", min.get_ref()),
-            ));
-        }
-        scope.min_landed = (*min.get_ref()).min(i64::from(u32::MAX)) as u32;
-    }
-    for (kind, why) in &file.faults.out_of_scope {
-        let Some(found) = FaultKind::ALL
-            .into_iter()
-            .find(|k| k.name() == kind.get_ref())
-        else {
-            return Err(at(
-                kind.span(),
-                format!(
-                    "unknown fault {:?}; expected one of {}",
-                    kind.get_ref(),
-                    FaultKind::ALL.map(FaultKind::name).join(", ")
-                ),
-            ));
-        };
-        if !faults.contains(&found) {
-            return Err(at(
-                kind.span(),
-                format!(
-                    "{} is out of scope but not among the suite's fault kinds ({})",
-                    kind.get_ref(),
-                    faults
-                        .iter()
-                        .map(|k| k.name())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ));
-        }
-        if why.get_ref().trim().is_empty() {
-            return Err(at(
-                why.span(),
-                format!(
-                    "out_of_scope.{}: say why the kind is not required",
-                    kind.get_ref()
-                ),
-            ));
-        }
-        scope.out_of_scope.insert(found, why.get_ref().clone());
-    }
-    if let Some(to) = &file.rollout.cutover_to {
-        if !versions.contains(to.get_ref()) {
-            return Err(at(
-                to.span(),
-                format!("cutover_to {:?} is not among versions", to.get_ref()),
-            ));
-        }
-        if !faults.contains(&FaultKind::Cutover) {
-            faults.push(FaultKind::Cutover);
-        }
-    }
-    if !file.rollout.drain {
-        return Err(Error::Config(format!(
-            "{origin}: rollout.drain = false cannot be honoured: the reference worker always drains when the active version is not its own"
-        )));
-    }
-    let invariants = match &file.invariants {
-        None => Invariant::own(),
-        Some(list) => {
-            let mut out = Vec::new();
-            for name in list.get_ref() {
-                let invariant = name
-                    .get_ref()
-                    .parse::<Invariant>()
-                    .map_err(|err| at(name.span(), err.to_string()))?;
-                if invariant.needs_rollout() {
-                    return Err(at(
-                        name.span(),
-                        format!(
-                            "{invariant} is judged on a team's own rollout (`certify --system` with a [rollout]); the reference worker's suites make none"
-                        ),
-                    ));
-                }
-                out.push(invariant);
-            }
-            if out.is_empty() {
-                return Err(at(
-                    list.span(),
-                    "invariants: list at least one, or leave the key out for all".into(),
-                ));
-            }
-            out
-        }
-    };
-    let max_steps = positive(&file.schedule.max_steps, "schedule.max_steps")?;
-    let max_requests = positive(&file.schedule.max_requests, "schedule.max_requests")?;
-    let inputs = positive(&file.schedule.inputs, "schedule.inputs")?;
-    if max_steps > 64 || max_requests > 16 {
-        return Err(Error::Config(format!(
-            "{origin}: schedule.max_steps <= 64 and schedule.max_requests <= 16 (longer cases shrink poorly)"
-        )));
-    }
-    let cutover_targets = match &file.rollout.cutover_to {
-        Some(to) => vec![to.get_ref().clone()],
-        None => Vec::new(),
-    };
+    let name = suite_name(&place, &file.name)?;
+    let (cases, budget) = cases_or_budget(&place, &file)?;
+    let backend = backend_timeout(&place, &file.timeouts)?;
+    let expect_pass = expectation(&place, &file.expected)?;
+    let versions = versions(&place, &file.versions)?;
+    let workers = workers(&place, &file.workers, &versions)?;
+    let mut faults = file
+        .faults
+        .kinds
+        .get_ref()
+        .iter()
+        .map(|kind| place.fault_kind(kind))
+        .collect::<Result<Vec<_>>>()?;
+    let scope = scope(&place, &file.faults, &faults)?;
+    let cutover_targets = rollout(&place, &file.rollout, &versions, &mut faults)?;
+    let invariants = invariants(&place, file.invariants.as_ref())?;
+    let shape = shape(&place, &file.schedule)?;
     Ok(LoadedSuite {
         suite: Suite {
             name,
@@ -467,9 +262,9 @@ pub fn parse(text: &str, origin: &str) -> Result<LoadedSuite> {
                 workers,
                 versions,
                 cutover_targets,
-                max_requests: max_requests as usize,
-                inputs: inputs as usize,
-                max_steps: max_steps as usize,
+                max_requests: shape.max_requests as usize,
+                inputs: shape.inputs as usize,
+                max_steps: shape.max_steps as usize,
                 faults,
                 between_statements: true,
             },
@@ -480,6 +275,293 @@ pub fn parse(text: &str, origin: &str) -> Result<LoadedSuite> {
         seed: file.seed,
         time_budget: budget,
         expect_pass,
+    })
+}
+
+/// The suite's name, if it is non-empty letters, digits, '-' or '_'.
+fn suite_name(place: &Place, name: &Spanned<String>) -> Result<String> {
+    let value = name.get_ref().clone();
+    if value.is_empty()
+        || !value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(place.at(
+            name.span(),
+            format!("name {value:?} must be non-empty letters, digits, '-' or '_'"),
+        ));
+    }
+    Ok(value)
+}
+
+/// The fixed case count or the time budget (at most one of them), each checked positive.
+fn cases_or_budget(place: &Place, file: &SuiteFile) -> Result<(Option<u64>, Option<Duration>)> {
+    let cases = file
+        .cases
+        .as_ref()
+        .map(|cases| place.positive(cases, "cases"))
+        .transpose()?;
+    let budget = match &file.time_budget_s {
+        Some(budget) if !(budget.get_ref().is_finite() && *budget.get_ref() > 0.0) => {
+            return Err(place.at(
+                budget.span(),
+                format!(
+                    "time_budget_s must be a positive number of seconds, got {}",
+                    budget.get_ref()
+                ),
+            ));
+        }
+        Some(budget) => Some(Duration::from_secs_f64(*budget.get_ref())),
+        None => None,
+    };
+    if let (Some(cases), Some(budget)) = (&file.cases, &file.time_budget_s) {
+        let (first, _) = if cases.span().start < budget.span().start {
+            (cases.span(), budget.span())
+        } else {
+            (budget.span(), cases.span())
+        };
+        return Err(place.at(
+            first,
+            "give cases (a fixed number, for exact reproduction) or time_budget_s (spent on as many cases as fit), not both".into(),
+        ));
+    }
+    Ok((cases, budget))
+}
+
+/// The backend timeout (ms), once the lease and visibility timeouts are checked to outlast it.
+fn backend_timeout(place: &Place, timeouts: &Timeouts) -> Result<u64> {
+    let backend = place.positive(&timeouts.backend_ms, "timeouts.backend_ms")?;
+    let lease = place.positive(&timeouts.lease_ttl_ms, "timeouts.lease_ttl_ms")?;
+    let visibility = place.positive(&timeouts.visibility_ms, "timeouts.visibility_ms")?;
+    if lease <= backend {
+        return Err(place.at(
+            timeouts.lease_ttl_ms.span(),
+            format!(
+                "lease_ttl_ms ({lease}) must exceed backend_ms ({backend}): a lease shorter than a call is a fault to inject (lease-expiry), not a setting"
+            ),
+        ));
+    }
+    if visibility <= backend {
+        return Err(place.at(
+            timeouts.visibility_ms.span(),
+            format!(
+                "visibility_ms ({visibility}) must exceed backend_ms ({backend}): redeliveries during a call are a fault to inject (retry-overlap), not a setting"
+            ),
+        ));
+    }
+    Ok(backend)
+}
+
+/// Whether the suite is expected to pass (`expected = "pass"`) or to be caught (`"fail"`).
+fn expectation(place: &Place, expected: &Spanned<String>) -> Result<bool> {
+    match expected.get_ref().as_str() {
+        "pass" => Ok(true),
+        "fail" => Ok(false),
+        other => Err(place.at(
+            expected.span(),
+            format!("expected must be \"pass\" or \"fail\", got {other:?}"),
+        )),
+    }
+}
+
+/// The model versions the suite serves: at least one, each one the test bed has.
+fn versions(place: &Place, table: &Spanned<toml::Table>) -> Result<Vec<String>> {
+    let mut versions = Vec::new();
+    for (version, backend_name) in table.get_ref() {
+        if !backend_name.is_str() {
+            return Err(place.at(
+                table.span(),
+                format!("versions.{version} must name a backend (a string)"),
+            ));
+        }
+        if !matches!(version.as_str(), "v1" | "v2") {
+            return Err(place.at(
+                table.span(),
+                format!(
+                    "version {version:?}: the test bed serves v1 (model-backend-A) and v2 (model-backend-B)"
+                ),
+            ));
+        }
+        versions.push(version.clone());
+    }
+    if versions.is_empty() {
+        return Err(place.at(table.span(), "versions: at least one model version".into()));
+    }
+    Ok(versions)
+}
+
+/// The workers: at least one, with distinct ids without spaces, each running a known version.
+fn workers(
+    place: &Place,
+    entries: &Spanned<Vec<WorkerEntry>>,
+    versions: &[String],
+) -> Result<Vec<WorkerSpec>> {
+    let mut workers = Vec::new();
+    for worker in entries.get_ref() {
+        if !versions.contains(worker.version.get_ref()) {
+            return Err(place.at(
+                worker.version.span(),
+                format!(
+                    "worker {} runs {:?}, which is not among versions ({})",
+                    worker.id.get_ref(),
+                    worker.version.get_ref(),
+                    versions.join(", ")
+                ),
+            ));
+        }
+        if workers
+            .iter()
+            .any(|w: &WorkerSpec| &w.id == worker.id.get_ref())
+        {
+            return Err(place.at(
+                worker.id.span(),
+                format!("duplicate worker id {:?}", worker.id.get_ref()),
+            ));
+        }
+        if worker.id.get_ref().is_empty() || worker.id.get_ref().contains(char::is_whitespace) {
+            return Err(place.at(
+                worker.id.span(),
+                "worker id must be non-empty without spaces".into(),
+            ));
+        }
+        workers.push(WorkerSpec {
+            id: worker.id.get_ref().clone(),
+            version: worker.version.get_ref().clone(),
+        });
+    }
+    if workers.is_empty() {
+        return Err(place.at(entries.span(), "workers: at least one worker".into()));
+    }
+    Ok(workers)
+}
+
+/// The coverage scope of `faults`: its landing minimum and the kinds excused, each with why.
+fn scope(place: &Place, given: &Faults, faults: &[FaultKind]) -> Result<Scope> {
+    let mut scope = Scope::of(faults);
+    if let Some(min) = &given.min_landed {
+        if *min.get_ref() < 1 {
+            return Err(place.at(
+                min.span(),
+                format!("min_landed must be at least 1, not {}", min.get_ref()),
+            ));
+        }
+        scope.min_landed = (*min.get_ref()).min(i64::from(u32::MAX)) as u32;
+    }
+    for (kind, why) in &given.out_of_scope {
+        let found = place.fault_kind(kind)?;
+        if !faults.contains(&found) {
+            return Err(place.at(
+                kind.span(),
+                format!(
+                    "{} is out of scope but not among the suite's fault kinds ({})",
+                    kind.get_ref(),
+                    faults
+                        .iter()
+                        .map(|k| k.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        if why.get_ref().trim().is_empty() {
+            return Err(place.at(
+                why.span(),
+                format!(
+                    "out_of_scope.{}: say why the kind is not required",
+                    kind.get_ref()
+                ),
+            ));
+        }
+        scope.out_of_scope.insert(found, why.get_ref().clone());
+    }
+    Ok(scope)
+}
+
+/// The cutover targets of `[rollout]` (a cutover adds the cutover fault to `faults`); refuses
+/// what the reference worker cannot do.
+fn rollout(
+    place: &Place,
+    rollout: &Rollout,
+    versions: &[String],
+    faults: &mut Vec<FaultKind>,
+) -> Result<Vec<String>> {
+    if let Some(to) = &rollout.cutover_to {
+        if !versions.contains(to.get_ref()) {
+            return Err(place.at(
+                to.span(),
+                format!("cutover_to {:?} is not among versions", to.get_ref()),
+            ));
+        }
+        if !faults.contains(&FaultKind::Cutover) {
+            faults.push(FaultKind::Cutover);
+        }
+    }
+    if !rollout.drain {
+        return Err(place.whole(
+            "rollout.drain = false cannot be honoured: the reference worker always drains when the active version is not its own",
+        ));
+    }
+    Ok(match &rollout.cutover_to {
+        Some(to) => vec![to.get_ref().clone()],
+        None => Vec::new(),
+    })
+}
+
+/// The invariants judged: those listed (none needing a team's rollout), or by default all the
+/// reference worker's own.
+fn invariants(
+    place: &Place,
+    list: Option<&Spanned<Vec<Spanned<String>>>>,
+) -> Result<Vec<Invariant>> {
+    let Some(list) = list else {
+        return Ok(Invariant::own());
+    };
+    let mut out = Vec::new();
+    for name in list.get_ref() {
+        let invariant = name
+            .get_ref()
+            .parse::<Invariant>()
+            .map_err(|err| place.at(name.span(), err.to_string()))?;
+        if invariant.needs_rollout() {
+            return Err(place.at(
+                name.span(),
+                format!(
+                    "{invariant} is judged on a team's own rollout (`certify --system` with a [rollout]); the reference worker's suites make none"
+                ),
+            ));
+        }
+        out.push(invariant);
+    }
+    if out.is_empty() {
+        return Err(place.at(
+            list.span(),
+            "invariants: list at least one, or leave the key out for all".into(),
+        ));
+    }
+    Ok(out)
+}
+
+/// The checked `[schedule]` sizes.
+struct Shape {
+    max_steps: u64,
+    max_requests: u64,
+    inputs: u64,
+}
+
+/// The `[schedule]` sizes, each positive and short enough to shrink well.
+fn shape(place: &Place, schedule: &ScheduleShape) -> Result<Shape> {
+    let max_steps = place.positive(&schedule.max_steps, "schedule.max_steps")?;
+    let max_requests = place.positive(&schedule.max_requests, "schedule.max_requests")?;
+    let inputs = place.positive(&schedule.inputs, "schedule.inputs")?;
+    if max_steps > 64 || max_requests > 16 {
+        return Err(place.whole(
+            "schedule.max_steps <= 64 and schedule.max_requests <= 16 (longer cases shrink poorly)",
+        ));
+    }
+    Ok(Shape {
+        max_steps,
+        max_requests,
+        inputs,
     })
 }
 
