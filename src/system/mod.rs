@@ -10,6 +10,7 @@
 //! `runner::system`.
 
 mod builder;
+mod file;
 pub mod preset;
 pub mod rollout;
 mod template;
@@ -409,179 +410,34 @@ impl System {
 
     /// Parses a system file's text; `path` names it in errors and anchors relative paths.
     pub fn parse(text: &str, path: &Path) -> Result<System> {
-        let at = |span: std::ops::Range<usize>| place(text, path, span.start);
-        let raw: raw::File = toml::from_str(text).map_err(|err| {
-            let where_ = err
-                .span()
-                .map(|span| at(span).0)
-                .unwrap_or_else(|| path.display().to_string());
-            Error::Config(format!("{where_}: {}", err.message()))
-        })?;
-        let dir = path
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("."));
-        let dir = if dir.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            dir
-        };
+        let at = |span: std::ops::Range<usize>| file::place(text, path, span.start);
+        let raw = file::deserialize(text, path)?;
+        let dir = file::base_dir(path);
         let mut places = BTreeMap::new();
         let mut note = |name: &str, span: std::ops::Range<usize>| {
             places.insert(name.to_owned(), at(span));
         };
-        note("start.command", raw.start.command.span());
-        for (name, value) in &raw.start.env {
-            note(&format!("start.env.{name}"), value.span());
-        }
-        if let Some(setup) = &raw.start.setup {
-            note("start.setup", setup.span());
-        }
-        if let Some(recovery) = raw.timeouts.as_ref().and_then(|t| t.recovery_ms.as_ref()) {
-            note("timeouts.recovery_ms", recovery.span());
-        }
-        note("results.table", raw.results.table.span());
-        note("results.key", raw.results.key.span());
-        note("results.status", raw.results.status.span());
-        note("results.terminal", raw.results.terminal.span());
-        note("results.output", raw.results.output.span());
-        if let Some(version) = &raw.results.version {
-            note("results.version", version.span());
-        }
-        if let Some(fencing) = &raw.fencing {
-            note("fencing.column", fencing.column.span());
-        }
-        note("framework", raw.framework.span());
-        note("submit", raw.submit.span());
-        note("model", raw.model.span());
-        let keys = match raw.keys {
-            Some(keys) => {
-                if let Some(lease) = &keys.lease {
-                    note("keys.lease", lease.span());
-                }
-                if let Some(cache) = &keys.cache {
-                    note("keys.cache", cache.span());
-                }
-                KeyLayout {
-                    lease: keys.lease.map(Spanned::into_inner),
-                    cache: keys.cache.map(Spanned::into_inner),
-                }
-            }
-            None => KeyLayout::default(),
-        };
-        let mut keys = keys;
+        file::note_places(&raw, &mut note);
+        let mut keys = file::keys(raw.keys, &mut note);
         let place_of = |span: std::ops::Range<usize>| at(span).0;
-        let cache = match raw.cache {
-            Some(cache) => {
-                let span = cache.key.span();
-                let cache = rollout::cache(cache, &mut note, &place_of)?;
-                if keys.cache.is_some() {
-                    return Err(Error::Config(format!(
-                        "{}: [cache] key and [keys] cache both say where the cache is: keep [cache]",
-                        place_of(span)
-                    )));
-                }
-                keys.cache = Some(cache.key.clone());
-                Some(cache)
-            }
-            None => None,
-        };
+        let cache = file::cache(raw.cache, &mut keys, &mut note, &place_of)?;
         let rollout = match raw.rollout {
             Some(rollout) => rollout::rollout(rollout, &mut note, &place_of)?,
             None => rollout::Rollout::default(),
         };
-        let submit = raw.submit.into_inner();
-        let resubmit = submit.resubmit;
-        if resubmit.is_some() && submit.command.is_none() {
-            return Err(Error::Config(format!(
-                "{}: [submit] resubmit needs a submit `command` (a preset submits again as it submits)",
-                places["submit"]
-            )));
-        }
-        let submit = match (submit.task, submit.command) {
-            (Some(task), None) => Submit::Preset {
-                task,
-                args: submit.args,
-                queue: submit
-                    .queue
-                    .unwrap_or_else(|| raw.framework.get_ref().default_queue().into()),
-            },
-            (None, Some(command)) => Submit::Command(command),
-            _ => {
-                return Err(Error::Config(format!(
-                    "{}: [submit] needs exactly one of `task` (the framework preset) or `command`",
-                    places["submit"]
-                )));
-            }
-        };
-        let model_raw = raw.model.into_inner();
-        let model = match model_raw.api.as_str() {
-            "racecert" => ModelApi::Racecert,
-            "openai-completions" => ModelApi::OpenaiCompletions,
-            "openai-chat" => ModelApi::OpenaiChat,
-            "kserve-v2" => ModelApi::KserveV2,
-            "template" => match (model_raw.path, model_raw.input, model_raw.output) {
-                (Some(path), Some(input), Some(output)) => {
-                    // Checked here, at their lines: a path the backend cannot follow would only
-                    // show up mid-run, as calls it refuses or answers the worker cannot read.
-                    for (field, pointer) in [("input", &input), ("output", &output)] {
-                        let at_pointer = at(pointer.span());
-                        check_pointer(pointer.get_ref()).map_err(|why| {
-                            Error::Config(format!("{at_pointer}: [model] {field} {why}"))
-                        })?;
-                        places.insert(format!("model.{field}"), at_pointer);
-                    }
-                    ModelApi::Template {
-                        path,
-                        input: input.into_inner(),
-                        output: output.into_inner(),
-                    }
-                }
-                _ => {
-                    return Err(Error::Config(format!(
-                        "{}: api = \"template\" needs `path`, `input` and `output`",
-                        places["model"]
-                    )));
-                }
-            },
-            other => {
-                return Err(Error::Config(format!(
-                    "{}: unknown model api {other:?} (racecert, openai-completions, openai-chat, kserve-v2, template)",
-                    places["model"]
-                )));
-            }
-        };
-        let workdir = dir.join(raw.start.workdir.unwrap_or_else(|| ".".into()));
+        let (submit, resubmit) =
+            file::submit(raw.submit.into_inner(), *raw.framework.get_ref(), &places)?;
+        let (model, model_name) = file::model(raw.model.into_inner(), &at, &mut places)?;
         let system = System {
             name: raw.name,
             framework: raw.framework.into_inner(),
             source: Some(path.to_path_buf()),
-            start: Start {
-                command: raw.start.command.into_inner(),
-                requirements: raw.start.requirements.map(|r| dir.join(r)),
-                setup: raw.start.setup.map(Spanned::into_inner),
-                ready: raw.start.ready,
-                env: raw
-                    .start
-                    .env
-                    .into_iter()
-                    .map(|(name, value)| (name, value.into_inner()))
-                    .collect(),
-                workdir,
-            },
+            start: file::start(raw.start, &dir),
             versions: raw.versions.into_iter().collect(),
             submit,
-            results: Results {
-                table: raw.results.table.into_inner(),
-                key: raw.results.key.into_inner(),
-                status: raw.results.status.into_inner(),
-                terminal: raw.results.terminal.into_inner(),
-                output: raw.results.output.into_inner(),
-                version: raw.results.version.map(Spanned::into_inner),
-                schema: raw.results.schema.map(|s| dir.join(s)),
-            },
+            results: file::results(raw.results, &dir),
             model,
-            model_name: model_raw.name.unwrap_or_else(|| "model".into()),
+            model_name,
             celery: raw.celery,
             apalis: raw.apalis,
             dramatiq: raw.dramatiq,
@@ -661,31 +517,53 @@ impl System {
     }
 
     fn validate(&self) -> Result<()> {
-        let fail = |field: &str, message: String| {
-            Err(Error::Config(format!("{}: {message}", self.place(field))))
-        };
+        self.check_fields()?;
+        self.check_templates()?;
+        rollout::validate(self)?;
+        if self.recovery.is_some_and(|bound| bound > MAX_RECOVERY) {
+            return Err(self.error_at(
+                "timeouts.recovery_ms",
+                format!(
+                    "`recovery_ms` is above {} ms: every case that loses a job waits for it; \
+                     shorten your system's own interval for the run (an environment variable in \
+                     [start.env])",
+                    MAX_RECOVERY.as_millis()
+                ),
+            ));
+        }
+        self.check_framework()
+    }
+
+    /// A description error: `message` at the place `field` is written.
+    fn error_at(&self, field: &str, message: String) -> Error {
+        Error::Config(format!("{}: {message}", self.place(field)))
+    }
+
+    /// The fields every description needs: a command, named versions, final statuses, and
+    /// plain SQL identifiers for the result (and fencing) columns.
+    fn check_fields(&self) -> Result<()> {
         if self.start.command.trim().is_empty() {
-            return fail("start.command", "the command is empty".into());
+            return Err(self.error_at("start.command", "the command is empty".into()));
         }
         if self.versions.is_empty() {
-            return fail(
+            return Err(self.error_at(
                 "framework",
                 "[versions] is empty: name at least one model version".into(),
-            );
+            ));
         }
         for (version, _) in &self.versions {
             if version.is_empty() || version.contains(':') {
-                return fail(
+                return Err(self.error_at(
                     "framework",
                     format!("version {version:?} must be non-empty and contain no ':'"),
-                );
+                ));
             }
         }
         if self.results.terminal.is_empty() {
-            return fail(
+            return Err(self.error_at(
                 "results.terminal",
                 "`terminal` is empty: list the status values that are final".into(),
-            );
+            ));
         }
         for (field, name) in [
             ("results.table", &self.results.table),
@@ -703,17 +581,59 @@ impl System {
         .chain(self.fencing.as_ref().map(|f| ("fencing.column", &f.column)))
         {
             if !is_identifier(name) {
-                return fail(
+                return Err(self.error_at(
                     field,
                     format!("{name:?} is not a plain SQL identifier (letters, digits, _)"),
-                );
+                ));
             }
         }
+        Ok(())
+    }
+
+    /// The templates' placeholders: the start command, the key patterns, the worker's
+    /// variables and the submission, each using only what its part may.
+    fn check_templates(&self) -> Result<()> {
         let start_allowed = self.allowed(START_PLACEHOLDERS);
         let submit_allowed = self.allowed(SUBMIT_PLACEHOLDERS);
         check_placeholders(&self.start.command, &start_allowed)
             .and_then(|()| check_unquoted(&self.start.command))
-            .or_else(|bad| fail("start.command", bad))?;
+            .map_err(|bad| self.error_at("start.command", bad))?;
+        self.check_key_patterns()?;
+        for (name, value) in &self.start.env {
+            check_placeholders(value, &start_allowed).map_err(|bad| {
+                self.error_at(
+                    &format!("start.env.{name}"),
+                    format!("[start.env] {name}: {bad}"),
+                )
+            })?;
+        }
+        match &self.submit {
+            Submit::Preset { args, .. } => {
+                if self.framework == Framework::Custom {
+                    return Err(self.error_at(
+                        "submit",
+                        "framework = \"custom\" has no preset: submit with `command`".into(),
+                    ));
+                }
+                for (name, value) in args {
+                    check_placeholders(value, SUBMIT_PLACEHOLDERS)
+                        .map_err(|bad| self.error_at("submit", format!("args.{name}: {bad}")))?;
+                }
+            }
+            Submit::Command(command) => {
+                for command in std::iter::once(command).chain(&self.resubmit) {
+                    check_placeholders(command, &submit_allowed)
+                        .and_then(|()| check_unquoted(command))
+                        .map_err(|bad| self.error_at("submit", bad))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The lease and cache key patterns: `{key}` exactly once in a lease, `{version}` at most
+    /// once in a cache key.
+    fn check_key_patterns(&self) -> Result<()> {
         let cache_field = if self.cache.is_some() {
             "cache.key"
         } else {
@@ -724,7 +644,8 @@ impl System {
             (cache_field, &self.keys.cache, "version"),
         ] {
             let Some(pattern) = pattern else { continue };
-            check_placeholders(pattern, &["key", "version"]).or_else(|bad| fail(field, bad))?;
+            check_placeholders(pattern, &["key", "version"])
+                .map_err(|bad| self.error_at(field, bad))?;
             let count = placeholders(pattern)
                 .iter()
                 .filter(|p| **p == needs)
@@ -732,7 +653,7 @@ impl System {
             // A cache whose key does not name the version is judged all the same (by the
             // versions its entries' outputs name); a version named twice is ambiguous.
             if count > 1 || (count == 0 && needs == "key") {
-                return fail(
+                return Err(self.error_at(
                     field,
                     format!(
                         "{pattern:?} must hold {{{needs}}} {} (e.g. {})",
@@ -747,239 +668,98 @@ impl System {
                             "\"cache:{version}:*\", or \"cache:*\" for a key without it"
                         }
                     ),
-                );
+                ));
             }
         }
-        for (name, value) in &self.start.env {
-            check_placeholders(value, &start_allowed).or_else(|bad| {
-                fail(
-                    &format!("start.env.{name}"),
-                    format!("[start.env] {name}: {bad}"),
-                )
-            })?;
-        }
-        match &self.submit {
-            Submit::Preset { args, .. } => {
-                if self.framework == Framework::Custom {
-                    return fail(
-                        "submit",
-                        "framework = \"custom\" has no preset: submit with `command`".into(),
-                    );
-                }
-                for (name, value) in args {
-                    check_placeholders(value, SUBMIT_PLACEHOLDERS)
-                        .or_else(|bad| fail("submit", format!("args.{name}: {bad}")))?;
-                }
-            }
-            Submit::Command(command) => {
-                for command in std::iter::once(command).chain(&self.resubmit) {
-                    check_placeholders(command, &submit_allowed)
-                        .and_then(|()| check_unquoted(command))
-                        .or_else(|bad| fail("submit", bad))?;
-                }
-            }
-        }
-        rollout::validate(self)?;
-        if self.recovery.is_some_and(|bound| bound > MAX_RECOVERY) {
-            return fail(
-                "timeouts.recovery_ms",
-                format!(
-                    "`recovery_ms` is above {} ms: every case that loses a job waits for it; \
-                     shorten your system's own interval for the run (an environment variable in \
-                     [start.env])",
-                    MAX_RECOVERY.as_millis()
-                ),
-            );
-        }
+        Ok(())
+    }
+
+    /// The framework preset's own options: present, and settings it can work with.
+    fn check_framework(&self) -> Result<()> {
         match self.framework {
             Framework::Celery => {
                 let celery = self.celery()?;
                 if celery.visibility_timeout_s <= 0.0 {
-                    return fail(
+                    return Err(self.error_at(
                         "framework",
                         "[celery] visibility_timeout_s must be positive".into(),
-                    );
+                    ));
                 }
             }
             Framework::Apalis => {
                 let apalis = self.apalis()?;
                 if apalis.backend != "postgres" {
-                    return fail(
+                    return Err(self.error_at(
                         "framework",
                         format!(
                             "[apalis] backend {:?}: only \"postgres\" is supported",
                             apalis.backend
                         ),
-                    );
+                    ));
                 }
                 if apalis.heartbeat_s <= 0.0 || apalis.missed_heartbeats == 0 {
-                    return fail(
+                    return Err(self.error_at(
                         "framework",
                         "[apalis] heartbeat_s and missed_heartbeats must be positive".into(),
-                    );
+                    ));
                 }
             }
-            Framework::Dramatiq => {
-                let dramatiq = self.dramatiq()?;
-                if dramatiq.heartbeat_timeout_ms == 0
-                    || dramatiq.maintenance_chance == 0
-                    || dramatiq.maintenance_chance > DramatiqOptions::MAINTENANCE_SCALE
-                {
-                    return fail(
-                        "framework",
-                        "[dramatiq] heartbeat_timeout_ms must be positive and maintenance_chance \
-                         between 1 and 1000000 (Dramatiq's MAINTENANCE_SCALE)"
-                            .into(),
-                    );
-                }
-                if let Some(limit) = dramatiq.time_limit_ms {
-                    let room = Duration::from_millis(limit) + DramatiqOptions::TIME_LIMIT_MARGIN;
-                    if limit == 0 || room + Duration::from_millis(500) > self.model_timeout {
-                        return fail(
-                            "framework",
-                            format!(
-                                "[dramatiq] time_limit_ms = {limit} must be positive and at least {} ms \
-                                 below [timeouts] model_ms = {} (the TimeLimit middleware checks \
-                                 once a second): a time limit past the HTTP client's timeout never \
-                                 fires in a model call, and upstream-timeout already tests that \
-                                 timeout; leave time_limit_ms out then",
-                                (DramatiqOptions::TIME_LIMIT_MARGIN + Duration::from_millis(500))
-                                    .as_millis(),
-                                self.model_timeout.as_millis()
-                            ),
-                        );
-                    }
-                }
-                if dramatiq.recovery() > MAX_RECOVERY {
-                    return fail(
-                        "framework",
-                        format!(
-                            "[dramatiq] a dead worker's messages come back only after about {:.0} s \
-                             (heartbeat_timeout_ms = {}, then a maintenance pass at maintenance_chance \
-                             = {} in a million commands), above the {} s a case waits: give the \
-                             broker a shorter heartbeat_timeout and a higher maintenance_chance for \
-                             the run (RedisBroker(heartbeat_timeout=..., maintenance_chance=...), from \
-                             {{heartbeat_timeout_ms}} and {{maintenance_chance}} in [start.env])",
-                            dramatiq.recovery().as_secs_f64(),
-                            dramatiq.heartbeat_timeout_ms,
-                            dramatiq.maintenance_chance,
-                            MAX_RECOVERY.as_secs()
-                        ),
-                    );
-                }
-            }
+            Framework::Dramatiq => self.check_dramatiq(self.dramatiq()?)?,
             Framework::Custom => {}
         }
         Ok(())
     }
-}
 
-/// `path:line:col` of byte `offset` in `text` (1-based, columns in characters).
-fn place(text: &str, path: &Path, offset: usize) -> Place {
-    let before = &text[..offset.min(text.len())];
-    let line = before.matches('\n').count() + 1;
-    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    Place(format!("{}:{line}:{col}", path.display()))
-}
-
-/// The file as written (serde), before checks.
-mod raw {
-    use super::{ApalisOptions, CeleryOptions, DramatiqOptions, Framework};
-    use serde::Deserialize;
-    use std::collections::BTreeMap;
-    use toml::Spanned;
-
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    pub(super) struct File {
-        pub name: String,
-        pub framework: Spanned<Framework>,
-        pub start: Start,
-        pub versions: BTreeMap<String, String>,
-        pub submit: Spanned<Submit>,
-        pub results: Results,
-        pub model: Spanned<Model>,
-        #[serde(default)]
-        pub keys: Option<Keys>,
-        pub celery: Option<CeleryOptions>,
-        pub apalis: Option<ApalisOptions>,
-        pub dramatiq: Option<DramatiqOptions>,
-        pub timeouts: Option<Timeouts>,
-        pub rollout: Option<super::rollout::raw::Rollout>,
-        pub cache: Option<super::rollout::raw::Cache>,
-        pub fencing: Option<Fencing>,
-    }
-
-    /// `[fencing]`: the team's own fencing column and how its values order attempts.
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    pub(super) struct Fencing {
-        pub column: Spanned<String>,
-        pub order: crate::contract::fencing::FenceOrder,
-    }
-
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    pub(super) struct Start {
-        pub command: Spanned<String>,
-        pub workdir: Option<String>,
-        pub requirements: Option<String>,
-        pub setup: Option<Spanned<String>>,
-        pub ready: Option<String>,
-        #[serde(default)]
-        pub env: BTreeMap<String, Spanned<String>>,
-    }
-
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    pub(super) struct Submit {
-        pub task: Option<String>,
-        #[serde(default)]
-        pub args: BTreeMap<String, String>,
-        pub queue: Option<String>,
-        pub command: Option<String>,
-        pub resubmit: Option<String>,
-    }
-
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    pub(super) struct Results {
-        pub table: Spanned<String>,
-        pub key: Spanned<String>,
-        pub status: Spanned<String>,
-        pub terminal: Spanned<Vec<String>>,
-        pub output: Spanned<String>,
-        pub version: Option<Spanned<String>>,
-        pub schema: Option<String>,
-    }
-
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    pub(super) struct Model {
-        pub api: String,
-        pub name: Option<String>,
-        pub path: Option<String>,
-        pub input: Option<Spanned<String>>,
-        pub output: Option<Spanned<String>>,
-    }
-
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    pub(super) struct Keys {
-        pub lease: Option<Spanned<String>>,
-        pub cache: Option<Spanned<String>>,
-    }
-
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    pub(super) struct Timeouts {
-        #[serde(default = "model_ms")]
-        pub model_ms: u64,
-        pub recovery_ms: Option<Spanned<u64>>,
-    }
-
-    fn model_ms() -> u64 {
-        30_000
+    /// Dramatiq's options: a maintenance chance on its scale, a time limit that can fire inside
+    /// a model call, and a recovery a case can wait for.
+    fn check_dramatiq(&self, dramatiq: &DramatiqOptions) -> Result<()> {
+        if dramatiq.heartbeat_timeout_ms == 0
+            || dramatiq.maintenance_chance == 0
+            || dramatiq.maintenance_chance > DramatiqOptions::MAINTENANCE_SCALE
+        {
+            return Err(self.error_at(
+                "framework",
+                "[dramatiq] heartbeat_timeout_ms must be positive and maintenance_chance \
+                 between 1 and 1000000 (Dramatiq's MAINTENANCE_SCALE)"
+                    .into(),
+            ));
+        }
+        if let Some(limit) = dramatiq.time_limit_ms {
+            let room = Duration::from_millis(limit) + DramatiqOptions::TIME_LIMIT_MARGIN;
+            if limit == 0 || room + Duration::from_millis(500) > self.model_timeout {
+                return Err(self.error_at(
+                    "framework",
+                    format!(
+                        "[dramatiq] time_limit_ms = {limit} must be positive and at least {} ms \
+                         below [timeouts] model_ms = {} (the TimeLimit middleware checks \
+                         once a second): a time limit past the HTTP client's timeout never \
+                         fires in a model call, and upstream-timeout already tests that \
+                         timeout; leave time_limit_ms out then",
+                        (DramatiqOptions::TIME_LIMIT_MARGIN + Duration::from_millis(500))
+                            .as_millis(),
+                        self.model_timeout.as_millis()
+                    ),
+                ));
+            }
+        }
+        if dramatiq.recovery() > MAX_RECOVERY {
+            return Err(self.error_at(
+                "framework",
+                format!(
+                    "[dramatiq] a dead worker's messages come back only after about {:.0} s \
+                     (heartbeat_timeout_ms = {}, then a maintenance pass at maintenance_chance \
+                     = {} in a million commands), above the {} s a case waits: give the \
+                     broker a shorter heartbeat_timeout and a higher maintenance_chance for \
+                     the run (RedisBroker(heartbeat_timeout=..., maintenance_chance=...), from \
+                     {{heartbeat_timeout_ms}} and {{maintenance_chance}} in [start.env])",
+                    dramatiq.recovery().as_secs_f64(),
+                    dramatiq.heartbeat_timeout_ms,
+                    dramatiq.maintenance_chance,
+                    MAX_RECOVERY.as_secs()
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
