@@ -4,18 +4,19 @@
 //! backend), faults and violating writes marked.
 //!
 //! Why one file of ~800 lines: one report model and its four renderings (terminal, JSON, JUnit,
-//! HTML), kept together so a field added to the model is rendered everywhere; the SVG diagram is
-//! its own submodule.
+//! HTML), kept together so a field added to the model is rendered everywhere; the SVG diagram and
+//! the lanes and arrows it draws (from a history) are submodules of their own.
 
+mod sequence;
 mod svg;
 pub mod system;
+
+pub use sequence::diagram;
 
 use crate::check::CaseResult;
 use crate::check::Violation;
 use crate::check::coverage::{Coverage, Scope};
-use crate::contract::log::Status;
 use crate::fault::FaultKind;
-use crate::history::{EventKind, History};
 use crate::runner::explore::{Counterexample, ExploreReport};
 use crate::schedule::Schedule;
 use crate::{Error, Result};
@@ -278,191 +279,6 @@ fn violation_report(violation: &Violation) -> ViolationReport {
         observed: violation.observed.clone(),
         evidence: violation.evidence.clone(),
     }
-}
-
-/// Lanes and arrows of a counterexample's sequence diagram. When the workers' round trips were
-/// recorded, the arrows to Redis, Postgres and the backends are those round trips (what each
-/// worker really sent, with the reply), and the workers' own log lines are notes on their lanes.
-pub fn diagram(history: &History, violations: &[Violation]) -> (Vec<String>, Vec<DiagramEvent>) {
-    let mut workers: Vec<String> = Vec::new();
-    let mut backends: Vec<String> = Vec::new();
-    let wired = history
-        .events
-        .iter()
-        .any(|e| matches!(e.kind, EventKind::Wire(_)));
-    // Worker id -> its lane, once its first line names its version.
-    let mut lane_of: BTreeMap<String, String> = BTreeMap::new();
-    for event in &history.events {
-        if let EventKind::Wire(wire) = &event.kind
-            && let Some(version) = wire.service.strip_prefix("backend:")
-        {
-            let lane = format!("backend {version}");
-            if !backends.contains(&lane) {
-                backends.push(lane);
-            }
-        }
-        if let EventKind::Worker(line) = &event.kind {
-            if let (Some(worker), Some(version)) =
-                (line.get("worker_id"), line.get("model_version"))
-                && !lane_of.contains_key(worker)
-            {
-                lane_of.insert(worker.to_owned(), format!("{worker} ({version})"));
-            }
-            if let (Some(worker), Some(version)) =
-                (line.get("worker_id"), line.get("model_version"))
-            {
-                let lane = format!("{worker} ({version})");
-                if !workers.contains(&lane) {
-                    workers.push(lane);
-                }
-            }
-            if let Some(backend) = line.get("backend_endpoint").filter(|b| *b != "-")
-                && !wired
-                && line.is(Status::InferenceStarted)
-                && !backends.contains(&backend.to_owned())
-            {
-                backends.push(backend.to_owned());
-            }
-        }
-    }
-    for event in &history.events {
-        if let EventKind::Wire(wire) = &event.kind
-            && !lane_of.contains_key(&wire.worker)
-        {
-            lane_of.insert(wire.worker.clone(), wire.worker.clone());
-            workers.push(wire.worker.clone());
-        }
-    }
-    let mut lanes = vec!["API".to_owned(), "queue".to_owned()];
-    lanes.extend(workers.iter().cloned());
-    lanes.extend(["Redis".to_owned(), "Postgres".to_owned()]);
-    lanes.extend(backends.iter().cloned());
-    let evidence: Vec<&str> = violations
-        .iter()
-        .flat_map(|v| v.evidence.iter().map(String::as_str))
-        .collect();
-    let mut events = Vec::new();
-    for request in &history.requests {
-        events.push(DiagramEvent {
-            step: 0,
-            from: "API".into(),
-            to: "queue".into(),
-            label: format!("submit {}", request.request_id),
-            kind: "message".into(),
-        });
-    }
-    for event in &history.events {
-        match &event.kind {
-            EventKind::Step(_) => {}
-            EventKind::Fault(effect) => {
-                let detail: Vec<String> = effect
-                    .fields()
-                    .into_iter()
-                    .filter(|(k, _)| *k != "idempotency_key")
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect();
-                events.push(DiagramEvent {
-                    step: event.step,
-                    from: lanes[0].clone(),
-                    to: lanes[lanes.len() - 1].clone(),
-                    label: format!("{} {}", effect.name(), detail.join(" "))
-                        .trim()
-                        .to_owned(),
-                    kind: "fault".into(),
-                });
-            }
-            EventKind::Harness(_) => {}
-            EventKind::Wire(wire) if wire.trip.is_effectless() => {}
-            EventKind::Wire(wire) => {
-                let from = lane_of
-                    .get(&wire.worker)
-                    .cloned()
-                    .unwrap_or_else(|| wire.worker.clone());
-                let to = match wire.service.strip_prefix("backend:") {
-                    Some(version) => format!("backend {version}"),
-                    None if wire.service == "redis" => "Redis".to_owned(),
-                    None => "Postgres".to_owned(),
-                };
-                events.push(DiagramEvent {
-                    step: event.step,
-                    from,
-                    to,
-                    label: wire.trip.describe(history.namespace.as_deref()),
-                    kind: "wire".into(),
-                });
-            }
-            EventKind::Worker(line) => {
-                let Some(raw) = line.status() else {
-                    continue;
-                };
-                let status = line.status_word();
-                let worker = match (line.get("worker_id"), line.get("model_version")) {
-                    (Some(w), Some(v)) => format!("{w} ({v})"),
-                    _ => continue,
-                };
-                let backend = line.get("backend_endpoint").unwrap_or("-").to_owned();
-                let (from, to) = match status {
-                    Some(Status::JobReceived | Status::RetryDispatched) => {
-                        ("queue".to_owned(), worker.clone())
-                    }
-                    Some(Status::Acked) => (worker.clone(), "queue".to_owned()),
-                    Some(
-                        Status::LeaseAcquired
-                        | Status::DuplicateSkipped
-                        | Status::LeaseReleased
-                        | Status::LeaseLost
-                        | Status::CacheHit
-                        | Status::CacheMiss
-                        | Status::CacheWritten,
-                    ) => (worker.clone(), "Redis".to_owned()),
-                    Some(Status::InferenceStarted) => (worker.clone(), backend.clone()),
-                    Some(Status::TimeoutWaitingUpstream | Status::UpstreamFailed) => {
-                        (backend.clone(), worker.clone())
-                    }
-                    _ => (worker.clone(), "Postgres".to_owned()),
-                };
-                // With the wire recorded, the log says what the worker claims: a note.
-                let (from, to) = if wired {
-                    (worker.clone(), worker.clone())
-                } else {
-                    (from, to)
-                };
-                let to = if lanes.contains(&to) {
-                    to
-                } else {
-                    from.clone()
-                };
-                let from = if lanes.contains(&from) {
-                    from
-                } else {
-                    to.clone()
-                };
-                let logfmt = line.to_logfmt();
-                let violating = matches!(
-                    status,
-                    Some(Status::LateSuccess | Status::OverwriteDetected)
-                ) || evidence.iter().any(|e| e.ends_with(&logfmt));
-                let mut label = raw.to_owned();
-                for key in [
-                    "generation",
-                    "served_model_version",
-                    "previous_model_version",
-                ] {
-                    if let Some(value) = line.get(key) {
-                        let _ = write!(label, " {key}={value}");
-                    }
-                }
-                events.push(DiagramEvent {
-                    step: event.step,
-                    from,
-                    to,
-                    label,
-                    kind: if violating { "violation" } else { "message" }.into(),
-                });
-            }
-        }
-    }
-    (lanes, events)
 }
 
 /// A test bed's addresses, one service a line (`racecert env up`, `racecert smoke`).
