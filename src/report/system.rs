@@ -3,7 +3,11 @@
 //! HTML) and the command that replays it.
 
 use super::{DiagramEvent, esc, svg};
+use crate::check::Verdict;
+use crate::check::coverage::{Coverage, Scope};
+use crate::fault::FaultKind;
 use crate::runner::system::{SystemCase, SystemOutcome, replay_command, sequence_text};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -11,6 +15,27 @@ use std::path::Path;
 pub fn system_text(outcome: &SystemOutcome, file: &Path) -> String {
     let mut out = String::new();
     let verdict = outcome.verdict();
+    write_summary(&mut out, outcome, verdict);
+    // Landed / applied per kind in scope, from the evidence; why a kind fell short.
+    let coverage = outcome.coverage();
+    let scope = outcome.scope();
+    let short: BTreeMap<_, _> = scope.unlanded(&coverage).into_iter().collect();
+    write_coverage(&mut out, &scope, &coverage, &short);
+    let blind: Vec<&SystemCase> = outcome
+        .cases
+        .iter()
+        .filter(|c| c.liveness_blind.is_some())
+        .collect();
+    write_not_judged(&mut out, outcome, &blind);
+    if verdict == Verdict::Inconclusive {
+        write_inconclusive(&mut out, &short, &blind);
+    }
+    write_counterexamples(&mut out, outcome, file);
+    out
+}
+
+/// The verdict, the workers' start-up times, the recovery bound, and one line a case.
+fn write_summary(out: &mut String, outcome: &SystemOutcome, verdict: Verdict) {
     let _ = writeln!(
         out,
         "system {}: {} ({} case(s), seed {})",
@@ -60,10 +85,15 @@ pub fn system_text(outcome: &SystemOutcome, file: &Path) -> String {
             let _ = writeln!(out, "           the fault did nothing: {why}");
         }
     }
-    // Landed / applied per kind in scope, from the evidence; why a kind fell short.
-    let coverage = outcome.coverage();
-    let scope = outcome.scope();
-    let short: std::collections::BTreeMap<_, _> = scope.unlanded(&coverage).into_iter().collect();
+}
+
+/// Landed / applied per kind in scope, with why a kind fell `short`.
+fn write_coverage(
+    out: &mut String,
+    scope: &Scope,
+    coverage: &Coverage,
+    short: &BTreeMap<FaultKind, String>,
+) {
     let _ = writeln!(out, "fault coverage (landed / applied):");
     for kind in &scope.kinds {
         let (applied, landed) = coverage.faults.get(kind).copied().unwrap_or((0, 0));
@@ -77,6 +107,11 @@ pub fn system_text(outcome: &SystemOutcome, file: &Path) -> String {
                 .unwrap_or_default()
         );
     }
+}
+
+/// What was not judged: invariants no case could judge, requests the API refused again, and
+/// the `blind` cases whose liveness is not judged.
+fn write_not_judged(out: &mut String, outcome: &SystemOutcome, blind: &[&SystemCase]) {
     // What no case judged is the description's doing; what one case could not judge is said
     // with that case.
     let described: Vec<&str> = outcome
@@ -98,11 +133,6 @@ pub fn system_text(outcome: &SystemOutcome, file: &Path) -> String {
             described.join(", ")
         );
     }
-    let blind: Vec<&SystemCase> = outcome
-        .cases
-        .iter()
-        .filter(|c| c.liveness_blind.is_some())
-        .collect();
     for case in &outcome.cases {
         if let Some(why) = &case.refused {
             let _ = writeln!(
@@ -112,7 +142,7 @@ pub fn system_text(outcome: &SystemOutcome, file: &Path) -> String {
             );
         }
     }
-    for case in &blind {
+    for case in blind {
         let _ = writeln!(
             out,
             "case {} ({}): liveness not judged: {}",
@@ -121,25 +151,34 @@ pub fn system_text(outcome: &SystemOutcome, file: &Path) -> String {
             case.liveness_blind.as_deref().unwrap_or_default()
         );
     }
-    if verdict == crate::check::Verdict::Inconclusive {
-        let kinds: Vec<&str> = short.keys().map(|k| k.name()).collect();
-        if !kinds.is_empty() {
-            let _ = writeln!(
-                out,
-                "INCONCLUSIVE: every invariant held, but these fault kinds never landed on their target: {} (more --budget or --cases, or see why above)",
-                kinds.join(", ")
-            );
-        }
-        if !blind.is_empty() {
-            let _ = writeln!(
-                out,
-                "INCONCLUSIVE: every invariant judged held, but {} case(s) ended while racecert itself still held their work (their liveness is not judged)",
-                blind.len()
-            );
-        }
+}
+
+/// Why an INCONCLUSIVE run is one: kinds that fell `short` of landing, `blind` cases.
+fn write_inconclusive(
+    out: &mut String,
+    short: &BTreeMap<FaultKind, String>,
+    blind: &[&SystemCase],
+) {
+    let kinds: Vec<&str> = short.keys().map(|k| k.name()).collect();
+    if !kinds.is_empty() {
+        let _ = writeln!(
+            out,
+            "INCONCLUSIVE: every invariant held, but these fault kinds never landed on their target: {} (more --budget or --cases, or see why above)",
+            kinds.join(", ")
+        );
     }
-    // Every failing case (a `--keep-going` run has more than one), each with its diagram and
-    // the command that replays it; the first one with when it was found.
+    if !blind.is_empty() {
+        let _ = writeln!(
+            out,
+            "INCONCLUSIVE: every invariant judged held, but {} case(s) ended while racecert itself still held their work (their liveness is not judged)",
+            blind.len()
+        );
+    }
+}
+
+/// Every failing case (a `--keep-going` run has more than one), each with its diagram and
+/// the command that replays it; the first one with when it was found.
+fn write_counterexamples(out: &mut String, outcome: &SystemOutcome, file: &Path) {
     for (index, case) in outcome
         .cases
         .iter()
@@ -177,7 +216,6 @@ pub fn system_text(outcome: &SystemOutcome, file: &Path) -> String {
             replay_command(file, outcome.seed, case.number, case.fault)
         );
     }
-    out
 }
 
 /// A self-contained HTML page with every failing case's SVG sequence diagram.
