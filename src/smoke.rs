@@ -4,7 +4,7 @@
 //! `certify` command exists; the integration tests check the same facts one by one.
 
 use crate::contract::{InferRequest, InferResponse, Keys, model_output};
-use crate::env::proxy::{Direction, Toxic};
+use crate::env::proxy::{Direction, Proxy, Toxic};
 use crate::env::{Target, TestBed};
 use crate::{Error, Result};
 use sqlx::Connection;
@@ -37,7 +37,23 @@ pub async fn run(bed: &TestBed, mut on_step: impl FnMut(&Step)) -> Result<Vec<St
         steps.push(step);
     };
 
-    // 1. Lease: two contenders, one winner.
+    lease_is_exclusive(bed, &keys, &mut record).await?;
+    let key = format!("{namespace}:job-1");
+    fenced_write(bed, &key, &mut record).await?;
+    // The backend's proxy is the run's: it is removed when the scenario ends.
+    let version = bed.versions()[0].to_owned();
+    let backend = bed.dedicated_proxy(Target::Backend(0)).await?;
+    backend_behind_the_proxy(&backend, &version, &key, &mut record).await?;
+    partition(bed, &mut record).await?;
+    Ok(steps)
+}
+
+/// 1. Lease: two contenders, one winner.
+async fn lease_is_exclusive(
+    bed: &TestBed,
+    keys: &Keys,
+    record: &mut impl FnMut(&'static str, String, Instant),
+) -> Result<()> {
     let started = Instant::now();
     let client = redis::Client::open(bed.redis_url())?;
     let mut redis = client.get_multiplexed_async_connection().await?;
@@ -66,22 +82,28 @@ pub async fn run(bed: &TestBed, mut on_step: impl FnMut(&Step)) -> Result<Vec<St
         format!("SET {lease} NX PX 30000: token-a won, token-b denied"),
         started,
     );
+    Ok(())
+}
 
-    // 2. Fenced final write: newer generation accepted, stale rejected, both audited.
+/// 2. Fenced final write of job `key`: newer generation accepted, stale rejected, both audited.
+async fn fenced_write(
+    bed: &TestBed,
+    key: &str,
+    record: &mut impl FnMut(&'static str, String, Instant),
+) -> Result<()> {
     let started = Instant::now();
     let mut pg = sqlx::PgConnection::connect(&bed.database_url()).await?;
-    let key = format!("{namespace}:job-1");
     sqlx::query(
         "INSERT INTO inference_jobs (idempotency_key, request_id, job_id, status, lease_token, generation, attempt)
          VALUES ($1, 'req-smoke', 'job-smoke', 'IN_PROGRESS', 'token-a', 1, 1) ON CONFLICT DO NOTHING",
     )
-    .bind(&key)
+    .bind(key)
     .execute(&mut pg)
     .await?;
     let cas = "UPDATE inference_jobs SET status = 'SUCCEEDED', generation = $3, model_version = $4, output = $5, completed_at = clock_timestamp()
                WHERE idempotency_key = $1 AND lease_token = $2 AND generation < $3";
     let newer = sqlx::query(cas)
-        .bind(&key)
+        .bind(key)
         .bind("token-a")
         .bind(2_i64)
         .bind("v2")
@@ -90,7 +112,7 @@ pub async fn run(bed: &TestBed, mut on_step: impl FnMut(&Step)) -> Result<Vec<St
         .await?
         .rows_affected();
     let stale = sqlx::query(cas)
-        .bind(&key)
+        .bind(key)
         .bind("token-a")
         .bind(1_i64)
         .bind("v1")
@@ -101,7 +123,7 @@ pub async fn run(bed: &TestBed, mut on_step: impl FnMut(&Step)) -> Result<Vec<St
     let audit: Vec<(Option<i64>, i64)> = sqlx::query_as(
         "SELECT old_generation, new_generation FROM inference_jobs_audit WHERE idempotency_key = $1 ORDER BY audit_id",
     )
-    .bind(&key)
+    .bind(key)
     .fetch_all(&mut pg)
     .await?;
     if newer != 1 || stale != 0 || audit.len() != 2 {
@@ -124,36 +146,23 @@ pub async fn run(bed: &TestBed, mut on_step: impl FnMut(&Step)) -> Result<Vec<St
         ),
         started,
     );
+    Ok(())
+}
 
-    // 3. Model backend through its proxy, then with 300 ms of latency.
-    let version = bed.versions()[0].to_owned();
-    let backend = bed.dedicated_proxy(Target::Backend(0)).await?;
+/// 3. Model backend `version` through its proxy, then with 300 ms of latency.
+async fn backend_behind_the_proxy(
+    backend: &Proxy,
+    version: &str,
+    key: &str,
+    record: &mut impl FnMut(&'static str, String, Instant),
+) -> Result<()> {
     let http = reqwest::Client::new();
-    let call = || async {
-        let started = Instant::now();
-        let answer: InferResponse = http
-            .post(format!("http://{}/v1/infer", backend.listen()))
-            .json(&InferRequest {
-                input: "smoke".into(),
-                idempotency_key: key.clone(),
-                attempt: 1,
-                worker_id: "smoke".into(),
-            })
-            .send()
-            .await
-            .and_then(|r| r.error_for_status())
-            .map_err(|e| Error::Backend(e.to_string()))?
-            .json()
-            .await
-            .map_err(|e| Error::Backend(e.to_string()))?;
-        Ok::<_, Error>((answer, started.elapsed()))
-    };
     let started = Instant::now();
-    let (answer, plain) = call().await?;
-    if answer.output != model_output("smoke", &version) {
+    let (answer, plain) = infer(&http, backend, key).await?;
+    if answer.output != model_output("smoke", version) {
         return Err(Error::other(format!(
             "backend {version} answered {answer:?}, expected {}",
-            model_output("smoke", &version)
+            model_output("smoke", version)
         )));
     }
     backend
@@ -166,7 +175,7 @@ pub async fn run(bed: &TestBed, mut on_step: impl FnMut(&Step)) -> Result<Vec<St
             1.0,
         )
         .await?;
-    let (_, delayed) = call().await?;
+    let (_, delayed) = infer(&http, backend, key).await?;
     backend.clear_toxics().await?;
     if delayed < Duration::from_millis(300) {
         return Err(Error::other(format!(
@@ -181,8 +190,39 @@ pub async fn run(bed: &TestBed, mut on_step: impl FnMut(&Step)) -> Result<Vec<St
         ),
         started,
     );
+    Ok(())
+}
 
-    // 4. Partition: a disabled Postgres proxy fails fast, enabling it restores service.
+/// One inference call for job `key` through `backend`, with how long it took.
+async fn infer(
+    http: &reqwest::Client,
+    backend: &Proxy,
+    key: &str,
+) -> Result<(InferResponse, Duration)> {
+    let started = Instant::now();
+    let answer: InferResponse = http
+        .post(format!("http://{}/v1/infer", backend.listen()))
+        .json(&InferRequest {
+            input: "smoke".into(),
+            idempotency_key: key.to_owned(),
+            attempt: 1,
+            worker_id: "smoke".into(),
+        })
+        .send()
+        .await
+        .and_then(|r| r.error_for_status())
+        .map_err(|e| Error::Backend(e.to_string()))?
+        .json()
+        .await
+        .map_err(|e| Error::Backend(e.to_string()))?;
+    Ok((answer, started.elapsed()))
+}
+
+/// 4. Partition: a disabled Postgres proxy fails fast, enabling it restores service.
+async fn partition(
+    bed: &TestBed,
+    record: &mut impl FnMut(&'static str, String, Instant),
+) -> Result<()> {
     let started = Instant::now();
     let pg_proxy = bed.dedicated_proxy(Target::Postgres).await?;
     let url = bed.database_url().replace(
@@ -208,5 +248,5 @@ pub async fn run(bed: &TestBed, mut on_step: impl FnMut(&Step)) -> Result<Vec<St
         ),
         started,
     );
-    Ok(steps)
+    Ok(())
 }
