@@ -260,115 +260,15 @@ pub fn plan(
         used: Vec::new(),
     };
     let actors = by_start(reconstruction, &finding.actors);
-    let request = |id: &str| RequestSpec {
-        request_id: id.to_owned(),
-        input: "input-0".to_owned(),
-    };
-    let run = |worker: usize, to: Checkpoint| Step::Run { worker, to };
     let (workers, schedule) = match shape {
         Shape::RedeliveryWhileRunning | Shape::LeaseExpiresWhileRunning => {
-            let [first, retry, ..] = actors.as_slice() else {
-                return Err(format!(
-                    "the log does not show two attempts of {} with their workers; re-creating the overlap needs the first attempt and the retry",
-                    finding.request_id
-                ));
-            };
-            let first_version = versions.assign(first.model_version.as_deref(), None)?;
-            let retry_version = match retry.model_version.as_deref() {
-                Some(v) => versions.assign(Some(v), None)?,
-                None => first_version.clone(),
-            };
-            let ids = worker_ids(&[first.worker_id.as_deref(), retry.worker_id.as_deref()]);
-            let mut steps = vec![run(0, Checkpoint::AfterBackendCall)];
-            if shape == Shape::LeaseExpiresWhileRunning {
-                steps.push(Step::Fault(Fault::ExpireLease { request: 0 }));
-            }
-            steps.extend([run(1, Checkpoint::Done), run(0, Checkpoint::Done)]);
-            (
-                vec![spec(&ids[0], first_version), spec(&ids[1], retry_version)],
-                Schedule {
-                    requests: vec![request(&finding.request_id)],
-                    steps,
-                },
-            )
+            overlap(shape, finding, &actors, &mut versions)?
         }
         Shape::ReadAfterCutover | Shape::ReadBeforeInvalidation => {
-            let [filler, reader, ..] = finding.actors.as_slice() else {
-                return Err(
-                    "the log names no reader of the cache entry: a stale read needs a writer and a reader"
-                        .to_owned(),
-                );
-            };
-            let old = versions.assign(filler.model_version.as_deref(), None)?;
-            let new = match reader.model_version.as_deref() {
-                Some(v) if v != filler.model_version.as_deref().unwrap_or_default() => {
-                    versions.assign(Some(v), Some(&old))?
-                }
-                _ => versions.assign(None, Some(&old))?,
-            };
-            if new == old {
-                return Err(format!(
-                    "a stale read needs two model versions; the test bed serves {}",
-                    served.join(", ")
-                ));
-            }
-            let ids = worker_ids(&[filler.worker_id.as_deref(), reader.worker_id.as_deref()]);
-            let fill_request = if filler.request_id == reader.request_id {
-                format!("{}-earlier", reader.request_id)
-            } else {
-                filler.request_id.clone()
-            };
-            let mut steps = vec![
-                run(0, Checkpoint::Done),
-                Step::Fault(Fault::Cutover { to: new.clone() }),
-                run(1, Checkpoint::Done),
-            ];
-            if shape == Shape::ReadBeforeInvalidation {
-                steps.push(Step::Fault(Fault::InvalidateCache));
-            }
-            (
-                vec![spec(&ids[0], old), spec(&ids[1], new)],
-                Schedule {
-                    requests: vec![request(&fill_request), request(&reader.request_id)],
-                    steps,
-                },
-            )
+            stale_read(shape, finding, &mut versions)?
         }
-        Shape::CrashBeforeFinalWrite => {
-            let Some(worker) = actors.first() else {
-                return Err("the log names no worker that held the job".to_owned());
-            };
-            let version = versions.assign(worker.model_version.as_deref(), None)?;
-            let ids = worker_ids(&[worker.worker_id.as_deref()]);
-            (
-                vec![spec(&ids[0], version)],
-                Schedule {
-                    requests: vec![request(&finding.request_id)],
-                    steps: vec![run(0, Checkpoint::AfterTake), Step::Crash { worker: 0 }],
-                },
-            )
-        }
-        Shape::CutoverMidFlight => {
-            let [old, new, ..] = actors.as_slice() else {
-                return Err(
-                    "version skew needs two attempts whose versions the log names".to_owned(),
-                );
-            };
-            let old_version = versions.assign(old.model_version.as_deref(), None)?;
-            let new_version = versions.assign(new.model_version.as_deref(), Some(&old_version))?;
-            let ids = worker_ids(&[old.worker_id.as_deref()]);
-            (
-                vec![spec(&ids[0], old_version)],
-                Schedule {
-                    requests: vec![request(&finding.request_id)],
-                    steps: vec![
-                        run(0, Checkpoint::AfterBackendCall),
-                        Step::Fault(Fault::Cutover { to: new_version }),
-                        run(0, Checkpoint::Done),
-                    ],
-                },
-            )
-        }
+        Shape::CrashBeforeFinalWrite => crash_before_final_write(finding, &actors, &mut versions)?,
+        Shape::CutoverMidFlight => cutover_mid_flight(finding, &actors, &mut versions)?,
     };
     Ok(Plan {
         cause: finding.cause,
@@ -379,6 +279,148 @@ pub fn plan(
         breaks,
         renamed: versions.renamed,
     })
+}
+
+/// The workers and schedule of an overlap (a plain redelivery, or with the first attempt's
+/// lease expiring): the first attempt held in its backend call while the retry runs.
+fn overlap(
+    shape: Shape,
+    finding: &Finding,
+    actors: &[&Actor],
+    versions: &mut Versions,
+) -> Result<(Vec<WorkerSpec>, Schedule), String> {
+    let [first, retry, ..] = actors else {
+        return Err(format!(
+            "the log does not show two attempts of {} with their workers; re-creating the overlap needs the first attempt and the retry",
+            finding.request_id
+        ));
+    };
+    let first_version = versions.assign(first.model_version.as_deref(), None)?;
+    let retry_version = match retry.model_version.as_deref() {
+        Some(v) => versions.assign(Some(v), None)?,
+        None => first_version.clone(),
+    };
+    let ids = worker_ids(&[first.worker_id.as_deref(), retry.worker_id.as_deref()]);
+    let mut steps = vec![run(0, Checkpoint::AfterBackendCall)];
+    if shape == Shape::LeaseExpiresWhileRunning {
+        steps.push(Step::Fault(Fault::ExpireLease { request: 0 }));
+    }
+    steps.extend([run(1, Checkpoint::Done), run(0, Checkpoint::Done)]);
+    Ok((
+        vec![spec(&ids[0], first_version), spec(&ids[1], retry_version)],
+        Schedule {
+            requests: vec![request(&finding.request_id)],
+            steps,
+        },
+    ))
+}
+
+/// The workers and schedule of a stale cache read: the finding's filler on the old version, a
+/// cutover, its reader on the new one (and, for a late invalidation, the invalidation after).
+fn stale_read(
+    shape: Shape,
+    finding: &Finding,
+    versions: &mut Versions,
+) -> Result<(Vec<WorkerSpec>, Schedule), String> {
+    let [filler, reader, ..] = finding.actors.as_slice() else {
+        return Err(
+            "the log names no reader of the cache entry: a stale read needs a writer and a reader"
+                .to_owned(),
+        );
+    };
+    let old = versions.assign(filler.model_version.as_deref(), None)?;
+    let new = match reader.model_version.as_deref() {
+        Some(v) if v != filler.model_version.as_deref().unwrap_or_default() => {
+            versions.assign(Some(v), Some(&old))?
+        }
+        _ => versions.assign(None, Some(&old))?,
+    };
+    if new == old {
+        return Err(format!(
+            "a stale read needs two model versions; the test bed serves {}",
+            versions.served.join(", ")
+        ));
+    }
+    let ids = worker_ids(&[filler.worker_id.as_deref(), reader.worker_id.as_deref()]);
+    let fill_request = if filler.request_id == reader.request_id {
+        format!("{}-earlier", reader.request_id)
+    } else {
+        filler.request_id.clone()
+    };
+    let mut steps = vec![
+        run(0, Checkpoint::Done),
+        Step::Fault(Fault::Cutover { to: new.clone() }),
+        run(1, Checkpoint::Done),
+    ];
+    if shape == Shape::ReadBeforeInvalidation {
+        steps.push(Step::Fault(Fault::InvalidateCache));
+    }
+    Ok((
+        vec![spec(&ids[0], old), spec(&ids[1], new)],
+        Schedule {
+            requests: vec![request(&fill_request), request(&reader.request_id)],
+            steps,
+        },
+    ))
+}
+
+/// The worker and schedule of a lost job: the first worker takes it and crashes.
+fn crash_before_final_write(
+    finding: &Finding,
+    actors: &[&Actor],
+    versions: &mut Versions,
+) -> Result<(Vec<WorkerSpec>, Schedule), String> {
+    let Some(worker) = actors.first() else {
+        return Err("the log names no worker that held the job".to_owned());
+    };
+    let version = versions.assign(worker.model_version.as_deref(), None)?;
+    let ids = worker_ids(&[worker.worker_id.as_deref()]);
+    Ok((
+        vec![spec(&ids[0], version)],
+        Schedule {
+            requests: vec![request(&finding.request_id)],
+            steps: vec![run(0, Checkpoint::AfterTake), Step::Crash { worker: 0 }],
+        },
+    ))
+}
+
+/// The worker and schedule of version skew: the old attempt's worker held in its backend call
+/// while the active version is cut over to the new attempt's.
+fn cutover_mid_flight(
+    finding: &Finding,
+    actors: &[&Actor],
+    versions: &mut Versions,
+) -> Result<(Vec<WorkerSpec>, Schedule), String> {
+    let [old, new, ..] = actors else {
+        return Err("version skew needs two attempts whose versions the log names".to_owned());
+    };
+    let old_version = versions.assign(old.model_version.as_deref(), None)?;
+    let new_version = versions.assign(new.model_version.as_deref(), Some(&old_version))?;
+    let ids = worker_ids(&[old.worker_id.as_deref()]);
+    Ok((
+        vec![spec(&ids[0], old_version)],
+        Schedule {
+            requests: vec![request(&finding.request_id)],
+            steps: vec![
+                run(0, Checkpoint::AfterBackendCall),
+                Step::Fault(Fault::Cutover { to: new_version }),
+                run(0, Checkpoint::Done),
+            ],
+        },
+    ))
+}
+
+/// Request `id` of a plan (every plan's input is the same).
+fn request(id: &str) -> RequestSpec {
+    RequestSpec {
+        request_id: id.to_owned(),
+        input: "input-0".to_owned(),
+    }
+}
+
+/// Runs `worker` to the checkpoint `to`.
+fn run(worker: usize, to: Checkpoint) -> Step {
+    Step::Run { worker, to }
 }
 
 fn spec(id: &str, version: String) -> WorkerSpec {
