@@ -39,6 +39,52 @@ impl Analysis {
                 format!("; shapes: {}", shapes.join(", "))
             }
         );
+        self.fields_found_text(out);
+        for container in &reading.containers {
+            let _ = writeln!(
+                out,
+                "line {} holds {} records ({}), numbered {} to {}; the lines after it are numbered on from there",
+                container.line,
+                container.records,
+                container.shape,
+                container.first,
+                container.first + container.records - 1
+            );
+        }
+        self.unused_lines_text(out);
+        if let Some((_, workers)) = reading.ambiguous.first() {
+            let lines: Vec<String> = reading
+                .ambiguous
+                .iter()
+                .take(AMBIGUOUS_SHOWN)
+                .map(|(line, _)| line.to_string())
+                .collect();
+            let _ = writeln!(
+                out,
+                "attribution ambiguous on {} line(s) ({}{}): two workers' output is interleaved with nothing to tell them apart ({}); their lines are kept as one unnamed worker's, each receive its own attempt, never joined to an attempt that had ended",
+                reading.ambiguous.len(),
+                lines.join(", "),
+                if reading.ambiguous.len() > AMBIGUOUS_SHOWN {
+                    ", ..."
+                } else {
+                    ""
+                },
+                workers.replace('|', " or ")
+            );
+        }
+        if reading.not_kept > 0 {
+            let _ = writeln!(
+                out,
+                "{} more relevant line(s) were read but not kept (over {} kept lines): narrow with --request ID",
+                reading.not_kept,
+                parse::MAX_KEPT
+            );
+        }
+    }
+
+    /// Where each seed field was found: the first keys it was read from, with their counts.
+    fn fields_found_text(&self, out: &mut String) {
+        let reading = &self.reading;
         let mut fields: Vec<String> = Vec::new();
         for found in &reading.found {
             let same: Vec<&parse::Found> = reading
@@ -68,17 +114,11 @@ impl Analysis {
                 let _ = writeln!(out, "  {field}");
             }
         }
-        for container in &reading.containers {
-            let _ = writeln!(
-                out,
-                "line {} holds {} records ({}), numbered {} to {}; the lines after it are numbered on from there",
-                container.line,
-                container.records,
-                container.shape,
-                container.first,
-                container.first + container.records - 1
-            );
-        }
+    }
+
+    /// The lines that could not be used: malformed ones, and samples of the unrelated ones.
+    fn unused_lines_text(&self, out: &mut String) {
+        let reading = &self.reading;
         for malformed in self.malformed.iter().take(MALFORMED_SHOWN) {
             let _ = writeln!(
                 out,
@@ -110,34 +150,6 @@ impl Analysis {
             let _ = writeln!(
                 out,
                 "  (if these carry the request under a name of your own, map it: --field request_id=PATH)"
-            );
-        }
-        if let Some((_, workers)) = reading.ambiguous.first() {
-            let lines: Vec<String> = reading
-                .ambiguous
-                .iter()
-                .take(AMBIGUOUS_SHOWN)
-                .map(|(line, _)| line.to_string())
-                .collect();
-            let _ = writeln!(
-                out,
-                "attribution ambiguous on {} line(s) ({}{}): two workers' output is interleaved with nothing to tell them apart ({}); their lines are kept as one unnamed worker's, each receive its own attempt, never joined to an attempt that had ended",
-                reading.ambiguous.len(),
-                lines.join(", "),
-                if reading.ambiguous.len() > AMBIGUOUS_SHOWN {
-                    ", ..."
-                } else {
-                    ""
-                },
-                workers.replace('|', " or ")
-            );
-        }
-        if reading.not_kept > 0 {
-            let _ = writeln!(
-                out,
-                "{} more relevant line(s) were read but not kept (over {} kept lines): narrow with --request ID",
-                reading.not_kept,
-                parse::MAX_KEPT
             );
         }
     }
