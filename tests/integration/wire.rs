@@ -371,12 +371,27 @@ async fn postgres_startup_simple_extended_and_transactions_are_recorded(
         .max_connections(1)
         .connect(&tapped.url(&bed.database_direct_url())?)
         .await?;
+    run_postgres_session(&pool, &table).await?;
+    pool.close().await;
+
+    let recorded = &tapped.recorded;
+    ensure_startup_recorded(recorded).await?;
+    ensure_simple_query_recorded(recorded, &table).await?;
+    ensure_extended_selects_recorded(recorded, &table).await?;
+    ensure_transaction_recorded(recorded, &table).await?;
+    tapped.stop().await;
+    Ok(())
+}
+
+/// The client side of the postgres test: a simple-protocol round trip of several statements, one
+/// extended-protocol statement twice, an UPDATE inside a transaction, and the table dropped.
+async fn run_postgres_session(pool: &sqlx::PgPool, table: &str) -> anyhow::Result<()> {
     // Simple protocol (a plain string), several statements in one round trip.
     // The table name is the test's own namespace, not input.
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "CREATE TABLE {table} (k text PRIMARY KEY, n int4 NOT NULL); INSERT INTO {table} VALUES ('a', 1)"
     )))
-    .execute(&pool)
+    .execute(pool)
     .await?;
     // Extended protocol, the same statement twice: parsed once, executed by name.
     for _ in 0..2 {
@@ -384,7 +399,7 @@ async fn postgres_startup_simple_extended_and_transactions_are_recorded(
             "SELECT n FROM {table} WHERE k = $1"
         )))
         .bind("a")
-        .fetch_one(&pool)
+        .fetch_one(pool)
         .await?;
         anyhow::ensure!(n == 1);
     }
@@ -398,11 +413,13 @@ async fn postgres_startup_simple_extended_and_transactions_are_recorded(
     .await?;
     tx.commit().await?;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
-        .execute(&pool)
+        .execute(pool)
         .await?;
-    pool.close().await;
+    Ok(())
+}
 
-    let recorded = &tapped.recorded;
+/// The startup round trip: authenticated, idle after it.
+async fn ensure_startup_recorded(recorded: &Recorded) -> anyhow::Result<()> {
     let startup = recorded
         .until("the startup", |t| {
             t.iter()
@@ -412,7 +429,11 @@ async fn postgres_startup_simple_extended_and_transactions_are_recorded(
         .await?;
     anyhow::ensure!(pg_reply(&startup).tx == Some(TxStatus::Idle), "{startup:?}");
     anyhow::ensure!(pg_reply(&startup).auth.is_some(), "{startup:?}");
+    Ok(())
+}
 
+/// The simple query: both statements of the one round trip, the INSERT's table and row count.
+async fn ensure_simple_query_recorded(recorded: &Recorded, table: &str) -> anyhow::Result<()> {
     let create = recorded
         .until("the simple query", |t| {
             statements_matching(t, "INSERT INTO")
@@ -429,9 +450,13 @@ async fn postgres_startup_simple_extended_and_transactions_are_recorded(
             == ["CREATE", "INSERT"],
         "{create:?}"
     );
-    anyhow::ensure!(statements[1].tables == [table.clone()], "{create:?}");
+    anyhow::ensure!(statements[1].tables == [table.to_owned()], "{create:?}");
     anyhow::ensure!(pg_reply(&create).rows_affected == Some(1), "{create:?}");
+    Ok(())
+}
 
+/// The two executions of the extended-protocol SELECT: table, parameter, reply, one fingerprint.
+async fn ensure_extended_selects_recorded(recorded: &Recorded, table: &str) -> anyhow::Result<()> {
     let selects = recorded
         .until("two SELECT executions", |t| {
             let found = statements_matching(t, &format!("SELECT n FROM {table}"));
@@ -445,7 +470,7 @@ async fn postgres_startup_simple_extended_and_transactions_are_recorded(
             .iter()
             .find(|s| s.executed)
             .expect("executed");
-        anyhow::ensure!(st.tables == [table.clone()], "{select:?}");
+        anyhow::ensure!(st.tables == [table.to_owned()], "{select:?}");
         anyhow::ensure!(st.params == [Some("a".to_owned())], "{select:?}");
         let reply = pg_reply(select);
         anyhow::ensure!(reply.tags == ["SELECT 1"], "{select:?}");
@@ -458,7 +483,12 @@ async fn postgres_startup_simple_extended_and_transactions_are_recorded(
         selects[0].request.fingerprint(None) == selects[1].request.fingerprint(None),
         "one statement, one fingerprint"
     );
+    Ok(())
+}
 
+/// The UPDATE inside the transaction (its parameters, reply and transaction status), then the
+/// COMMIT back to idle.
+async fn ensure_transaction_recorded(recorded: &Recorded, table: &str) -> anyhow::Result<()> {
     let update = recorded
         .until("the UPDATE", |t| {
             statements_matching(t, &format!("UPDATE {table}"))
@@ -468,7 +498,7 @@ async fn postgres_startup_simple_extended_and_transactions_are_recorded(
         .await?;
     let st = &update.request.statements()[0];
     anyhow::ensure!(
-        st.verb == "UPDATE" && st.tables == [table.clone()],
+        st.verb == "UPDATE" && st.tables == [table.to_owned()],
         "{update:?}"
     );
     anyhow::ensure!(
@@ -492,7 +522,6 @@ async fn postgres_startup_simple_extended_and_transactions_are_recorded(
         })
         .await?;
     anyhow::ensure!(pg_reply(&commit).tx == Some(TxStatus::Idle), "{commit:?}");
-    tapped.stop().await;
     Ok(())
 }
 
