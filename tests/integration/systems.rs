@@ -652,6 +652,17 @@ async fn apalis_example_certifies_itself_from_its_own_cargo_test_and_its_files(
     let target = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
         .parent()
         .context_or("CARGO_TARGET_TMPDIR is a directory inside the target directory")?;
+    apalis_example_cargo_test(target, started).await?;
+    apalis_heartbeat_files(bed, target).await?;
+    apalis_rollout_files(bed, target).await
+}
+
+/// Runs the apalis example's own `cargo test` in its directory, building into `target`: its
+/// naive handler is caught, its fenced one certified.
+async fn apalis_example_cargo_test(
+    target: &Path,
+    started: std::time::Instant,
+) -> anyhow::Result<()> {
     let output = tokio::process::Command::new("cargo")
         .args(["test", "--locked", "--test", "certify"])
         .current_dir(example("apalis-worker"))
@@ -690,22 +701,30 @@ async fn apalis_example_certifies_itself_from_its_own_cargo_test_and_its_files(
         "cargo test in examples/apalis-worker: {}\n{stdout}\n{tail}",
         output.status
     );
+    Ok(())
+}
 
-    let load = |file: &str| -> anyhow::Result<System> {
-        let mut system = System::load(&example(file))?;
-        anyhow::ensure!(system.start.setup.is_some(), "{file} builds the example");
-        system.start.setup = None;
-        // The files name the binary their `setup` builds, in the example's own target
-        // directory; the cargo test above built it in the shared one.
-        const BUILT: &str = "./target/debug/apalis-worker";
-        let command = &system.start.command;
-        anyhow::ensure!(command.starts_with(BUILT), "{file} runs {BUILT}: {command}");
-        let binary = target.join("debug/apalis-worker");
-        system.start.command = command.replacen(BUILT, &binary.display().to_string(), 1);
-        Ok(system)
-    };
+/// One of the apalis example's system files, its `setup` left out and its command pointed at the
+/// binary the example's `cargo test` built in `target`.
+fn load_apalis_system(target: &Path, file: &str) -> anyhow::Result<System> {
+    let mut system = System::load(&example(file))?;
+    anyhow::ensure!(system.start.setup.is_some(), "{file} builds the example");
+    system.start.setup = None;
+    // The files name the binary their `setup` builds, in the example's own target
+    // directory; the cargo test above built it in the shared one.
+    const BUILT: &str = "./target/debug/apalis-worker";
+    let command = &system.start.command;
+    anyhow::ensure!(command.starts_with(BUILT), "{file} runs {BUILT}: {command}");
+    let binary = target.join("debug/apalis-worker");
+    system.start.command = command.replacen(BUILT, &binary.display().to_string(), 1);
+    Ok(system)
+}
+
+/// The apalis naive and fenced files under a missed heartbeat and a same-name restart: the naive
+/// handler writes twice and strands a job, the fenced one passes.
+async fn apalis_heartbeat_files(bed: &TestBed, target: &Path) -> anyhow::Result<()> {
     let faults = [FaultKind::HeartbeatMiss, FaultKind::KillMain];
-    let naive = load("apalis-worker/naive.toml")?;
+    let naive = load_apalis_system(target, "apalis-worker/naive.toml")?;
     let outcome = run_system(bed, &naive, &settings(&faults)).await?;
     let text = summary(&outcome);
     let invariants = |n: usize| -> Vec<&str> {
@@ -721,14 +740,19 @@ async fn apalis_example_certifies_itself_from_its_own_cargo_test_and_its_files(
             && invariants(1) == ["no-lost-job", "no-stuck-delivery"],
         "naive: two final writes after missed heartbeats, a lost job (its row Running in apalis.jobs) after a same-name restart:\n{text}"
     );
-    let fenced = load("apalis-worker/fenced.toml")?;
+    let fenced = load_apalis_system(target, "apalis-worker/fenced.toml")?;
     let outcome = run_system(bed, &fenced, &settings(&faults)).await?;
     let text = summary(&outcome);
     anyhow::ensure!(
         outcome.passed() && outcome.cases.len() == 2 && outcome.cases[0].model_calls == 2,
         "fenced: passes, the requeued job ran twice and wrote once:\n{text}"
     );
+    Ok(())
+}
 
+/// The apalis rollout files: the stale cache and the draining worker caught, the cached one
+/// passing.
+async fn apalis_rollout_files(bed: &TestBed, target: &Path) -> anyhow::Result<()> {
     // The rollout files: a Redis result cache whose key lacks the version serves v2 the entry
     // v1 wrote; a SIGTERM handler of the team's own keeps the worker consuming; the versioned
     // cache passes both rollout faults, each landed.
@@ -746,7 +770,8 @@ async fn apalis_example_certifies_itself_from_its_own_cargo_test_and_its_files(
             "the worker takes the next job after its stop signal",
         ),
     ] {
-        let outcome = run_system(bed, &load(file)?, &settings(&[fault])).await?;
+        let outcome =
+            run_system(bed, &load_apalis_system(target, file)?, &settings(&[fault])).await?;
         let text = summary(&outcome);
         anyhow::ensure!(
             outcome.cases.len() == 1
@@ -758,7 +783,7 @@ async fn apalis_example_certifies_itself_from_its_own_cargo_test_and_its_files(
             "{file}: {what}:\n{text}"
         );
     }
-    let cached = load("apalis-worker/cached.toml")?;
+    let cached = load_apalis_system(target, "apalis-worker/cached.toml")?;
     let faults = [FaultKind::Cutover, FaultKind::Drain];
     let outcome = run_system(bed, &cached, &settings(&faults)).await?;
     let text = summary(&outcome);
