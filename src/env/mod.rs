@@ -186,6 +186,174 @@ fn random_password() -> String {
         .collect()
 }
 
+/// Redis and PostgreSQL as the bed reaches them directly (not through its proxies): its own
+/// containers, or services the caller runs.
+struct DirectServices {
+    redis_url: Url,
+    database_url: Url,
+    redis_container: Option<ServiceContainer>,
+    postgres_container: Option<ServiceContainer>,
+    network: Option<Network>,
+}
+
+/// The bed's proxies: Redis, PostgreSQL, and one per model backend.
+struct BedLinks {
+    redis_proxy: Proxy,
+    postgres_proxy: Proxy,
+    backends: Vec<Backend>,
+}
+
+/// Before any container starts: leftovers of killed runs removed, and the images the bed needs
+/// built if missing.
+async fn prepare_images(spec: &TestBedBuilder, image_config: &ImageConfig) -> Result<()> {
+    let needs_containers =
+        spec.services == Services::Containers || spec.proxy == ProxySource::Container;
+    if needs_containers {
+        // Leftovers of killed runs go first; then the images we need, built if missing.
+        let wanted: Vec<Service> = match (&spec.services, &spec.proxy) {
+            (Services::Containers, ProxySource::Container) => Service::ALL.to_vec(),
+            (Services::Containers, _) => vec![Service::Redis, Service::Postgres],
+            (_, _) => vec![Service::Proxy],
+        };
+        let config = image_config.clone();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            reaper::reap(false)?;
+            let killed = reaper::reap_processes();
+            if !killed.is_empty() {
+                tracing::info!(?killed, "killed worker processes a killed run left");
+            }
+            images::ensure_images(&config, &wanted, false)?;
+            Ok(())
+        })
+        .await
+        .map_err(|err| Error::other(format!("image preparation panicked: {err}")))??;
+    }
+    Ok(())
+}
+
+/// Starts the bed's Redis and PostgreSQL containers (a fresh password, the network `spec` or the
+/// environment chooses), or checks the URLs of external ones.
+async fn direct_services(
+    spec: &TestBedBuilder,
+    image_config: &ImageConfig,
+    owner: &Owner,
+    id: &str,
+) -> Result<DirectServices> {
+    match &spec.services {
+        Services::Containers => {
+            let password = random_password();
+            let choice = match spec.network {
+                Some(choice) => choice,
+                None => NetworkChoice::from_env()?,
+            };
+            let services = containers::start_services(
+                choice,
+                &image_config.redis,
+                &image_config.postgres,
+                owner,
+                &password,
+                &format!("racecert-{id}"),
+            )
+            .await?;
+            let network = Some(services.network);
+            let (redis, postgres) = (services.redis, services.postgres);
+            let redis_url = Url::parse(&format!("redis://{}/", redis.host_addr().await?))
+                .map_err(|e| Error::other(e.to_string()))?;
+            let database_url = Url::parse(&format!(
+                "postgres://{}:{password}@{}/{}",
+                containers::POSTGRES_USER,
+                postgres.host_addr().await?,
+                containers::POSTGRES_DB
+            ))
+            .map_err(|e| Error::other(e.to_string()))?;
+            Ok(DirectServices {
+                redis_url,
+                database_url,
+                redis_container: Some(redis),
+                postgres_container: Some(postgres),
+                network,
+            })
+        }
+        Services::External {
+            redis_url,
+            database_url,
+        } => Ok(DirectServices {
+            redis_url: parse_service_url(redis_url, "REDIS_URL", &["redis"])?,
+            database_url: parse_service_url(
+                database_url,
+                "DATABASE_URL",
+                &["postgres", "postgresql"],
+            )?,
+            redis_container: None,
+            postgres_container: None,
+            network: None,
+        }),
+    }
+}
+
+/// The fault proxy `spec` asks for (embedded, a container, or the caller's), once its API
+/// answers: the embedded server or the container if the bed runs one, and the API client.
+async fn fault_proxy(
+    spec: &TestBedBuilder,
+    image_config: &ImageConfig,
+    owner: &Owner,
+) -> Result<(Option<ProxyServer>, Option<ServiceContainer>, FaultProxy)> {
+    let (proxy_server, proxy_container, api) = match &spec.proxy {
+        ProxySource::Embedded => {
+            let server = ProxyServer::start(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+            let api = FaultProxy::connect(&server.url())?;
+            (Some(server), None, api)
+        }
+        ProxySource::Container => {
+            let (container, url) = containers::start_proxy(&image_config.proxy, owner).await?;
+            (None, Some(container), FaultProxy::connect(&url)?)
+        }
+        ProxySource::External(url) => (None, None, FaultProxy::connect(url)?),
+    };
+    let version = wait_ready("toxiproxy API", READY_TIMEOUT, || api.version()).await?;
+    tracing::debug!(%version, url = api.url(), "fault proxy API ready");
+    Ok((proxy_server, proxy_container, api))
+}
+
+/// Creates the bed's proxies, named after the bed `id`: to Redis, to PostgreSQL, and to each
+/// model backend of `spec`, started here.
+async fn create_links(
+    api: &FaultProxy,
+    id: &str,
+    redis_upstream: SocketAddr,
+    postgres_upstream: SocketAddr,
+    spec: &TestBedBuilder,
+) -> Result<BedLinks> {
+    let listen = "127.0.0.1:0";
+    let redis_proxy = api
+        .create(&format!("{id}-redis"), listen, &redis_upstream.to_string())
+        .await?;
+    let postgres_proxy = api
+        .create(
+            &format!("{id}-postgres"),
+            listen,
+            &postgres_upstream.to_string(),
+        )
+        .await?;
+    let mut backends = Vec::new();
+    for (i, backend) in spec.backends.iter().enumerate() {
+        let server = ModelBackend::start(&backend.name, &backend.version).await;
+        let proxy = api
+            .create(
+                &format!("{id}-backend{i}"),
+                listen,
+                &server.addr().to_string(),
+            )
+            .await?;
+        backends.push(Backend { server, proxy });
+    }
+    Ok(BedLinks {
+        redis_proxy,
+        postgres_proxy,
+        backends,
+    })
+}
+
 impl TestBed {
     /// A builder with the defaults (containers, embedded proxy, backends A/v1 and B/v2).
     pub fn builder() -> TestBedBuilder {
@@ -200,112 +368,25 @@ impl TestBed {
             owner.pid,
             BED_COUNTER.fetch_add(1, Ordering::Relaxed)
         );
-        let needs_containers =
-            spec.services == Services::Containers || spec.proxy == ProxySource::Container;
         let image_config = ImageConfig::from_env()?;
-        if needs_containers {
-            // Leftovers of killed runs go first; then the images we need, built if missing.
-            let wanted: Vec<Service> = match (&spec.services, &spec.proxy) {
-                (Services::Containers, ProxySource::Container) => Service::ALL.to_vec(),
-                (Services::Containers, _) => vec![Service::Redis, Service::Postgres],
-                (_, _) => vec![Service::Proxy],
-            };
-            let config = image_config.clone();
-            tokio::task::spawn_blocking(move || -> Result<()> {
-                reaper::reap(false)?;
-                let killed = reaper::reap_processes();
-                if !killed.is_empty() {
-                    tracing::info!(?killed, "killed worker processes a killed run left");
-                }
-                images::ensure_images(&config, &wanted, false)?;
-                Ok(())
-            })
-            .await
-            .map_err(|err| Error::other(format!("image preparation panicked: {err}")))??;
-        }
-
-        let mut bed_containers = (None, None);
-        let mut network = None;
-        let (redis_direct_url, database_direct_url) = match &spec.services {
-            Services::Containers => {
-                let password = random_password();
-                let choice = match spec.network {
-                    Some(choice) => choice,
-                    None => NetworkChoice::from_env()?,
-                };
-                let services = containers::start_services(
-                    choice,
-                    &image_config.redis,
-                    &image_config.postgres,
-                    &owner,
-                    &password,
-                    &format!("racecert-{id}"),
-                )
-                .await?;
-                network = Some(services.network);
-                let (redis, postgres) = (services.redis, services.postgres);
-                let redis_url = Url::parse(&format!("redis://{}/", redis.host_addr().await?))
-                    .map_err(|e| Error::other(e.to_string()))?;
-                let database_url = Url::parse(&format!(
-                    "postgres://{}:{password}@{}/{}",
-                    containers::POSTGRES_USER,
-                    postgres.host_addr().await?,
-                    containers::POSTGRES_DB
-                ))
-                .map_err(|e| Error::other(e.to_string()))?;
-                bed_containers = (Some(redis), Some(postgres));
-                (redis_url, database_url)
-            }
-            Services::External {
-                redis_url,
-                database_url,
-            } => (
-                parse_service_url(redis_url, "REDIS_URL", &["redis"])?,
-                parse_service_url(database_url, "DATABASE_URL", &["postgres", "postgresql"])?,
-            ),
-        };
-        let (redis_container, postgres_container) = bed_containers;
-
-        let (proxy_server, proxy_container, api) = match &spec.proxy {
-            ProxySource::Embedded => {
-                let server = ProxyServer::start(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
-                let api = FaultProxy::connect(&server.url())?;
-                (Some(server), None, api)
-            }
-            ProxySource::Container => {
-                let (container, url) = containers::start_proxy(&image_config.proxy, &owner).await?;
-                (None, Some(container), FaultProxy::connect(&url)?)
-            }
-            ProxySource::External(url) => (None, None, FaultProxy::connect(url)?),
-        };
-        let version = wait_ready("toxiproxy API", READY_TIMEOUT, || api.version()).await?;
-        tracing::debug!(%version, url = api.url(), "fault proxy API ready");
+        prepare_images(&spec, &image_config).await?;
+        let DirectServices {
+            redis_url: redis_direct_url,
+            database_url: database_direct_url,
+            redis_container,
+            postgres_container,
+            network,
+        } = direct_services(&spec, &image_config, &owner, &id).await?;
+        let (proxy_server, proxy_container, api) =
+            fault_proxy(&spec, &image_config, &owner).await?;
 
         let redis_upstream = url_addr(&redis_direct_url, 6379)?;
         let postgres_upstream = url_addr(&database_direct_url, 5432)?;
-        let listen = "127.0.0.1:0";
-        let redis_proxy = api
-            .create(&format!("{id}-redis"), listen, &redis_upstream.to_string())
-            .await?;
-        let postgres_proxy = api
-            .create(
-                &format!("{id}-postgres"),
-                listen,
-                &postgres_upstream.to_string(),
-            )
-            .await?;
-        let mut backends = Vec::new();
-        for (i, backend) in spec.backends.iter().enumerate() {
-            let server = ModelBackend::start(&backend.name, &backend.version).await;
-            let proxy = api
-                .create(
-                    &format!("{id}-backend{i}"),
-                    listen,
-                    &server.addr().to_string(),
-                )
-                .await?;
-            backends.push(Backend { server, proxy });
-        }
+        let BedLinks {
+            redis_proxy,
+            postgres_proxy,
+            backends,
+        } = create_links(&api, &id, redis_upstream, postgres_upstream, &spec).await?;
 
         let mut bed = TestBed {
             id,
