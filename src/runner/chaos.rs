@@ -283,19 +283,9 @@ pub async fn run_chaos(bed: &TestBed, settings: &ChaosSettings) -> Result<CaseRe
     }
     let settled = drain_queue(&plane.workers, &recorder, active.as_deref(), requests.len()).await?;
     recorder.observe(Observation::Drained { settled });
-    let mut history = crate::history::collect(
-        bed.take_journals(keys.prefix()),
-        &admin.pg,
-        keys.prefix(),
-        recorder.events(),
-        requests,
-        plane.connections(),
-    )
-    .await?;
-    history.epoch_unix_ms = Some(recorder.started_unix_ms());
-    history.wire_origin_ms = Some(recorder.offset_of(bed.wire_origin()));
-    history.lease_ttl_ms = Some(settings.lease_ttl.as_millis() as u64);
-    history.wire_recorded = wire_recorded;
+    let history = plane
+        .history(&recorder, requests, settings.lease_ttl, wire_recorded)
+        .await?;
     Ok(CaseResult::judge(history, &settings.invariants))
 }
 
@@ -329,51 +319,6 @@ async fn start_workers(
         workers.push(worker);
     }
     Ok((workers, queues))
-}
-
-/// The faults of one draw of `kind` (None: nothing to do for it now). `slow` holds the backends
-/// an upstream timeout left slow; `submitted` is how many requests are in so far.
-fn draw(
-    kind: FaultKind,
-    settings: &ChaosSettings,
-    versions: &[String],
-    slow: &mut BTreeSet<String>,
-    submitted: usize,
-    rng: &mut StdRng,
-) -> Option<Vec<Fault>> {
-    let version = versions[rng.random_range(0..versions.len())].clone();
-    Some(match kind {
-        // A slow backend stays slow until the plan draws it again.
-        FaultKind::UpstreamTimeout if slow.remove(&version) => {
-            vec![Fault::RecoverBackend { version }]
-        }
-        FaultKind::UpstreamTimeout => {
-            slow.insert(version.clone());
-            vec![Fault::UpstreamTimeout { version }]
-        }
-        FaultKind::BackendFailure => vec![Fault::BackendFailure {
-            version,
-            status: 503,
-            calls: 2,
-        }],
-        FaultKind::LeaseExpiry if submitted > 0 => {
-            vec![Fault::ExpireLease {
-                request: rng.random_range(0..submitted),
-            }]
-        }
-        FaultKind::WorkerCrash => vec![Fault::CrashWorker {
-            worker: rng.random_range(0..settings.workers.len()),
-        }],
-        FaultKind::Partition => {
-            let target = if rng.random_bool(0.5) {
-                PartitionTarget::Redis
-            } else {
-                PartitionTarget::Postgres
-            };
-            vec![Fault::Partition { target }, Fault::Heal { target }]
-        }
-        _ => return None,
-    })
 }
 
 /// The drain after the loops stopped: workers of the `active` version take what is left, in
@@ -449,7 +394,8 @@ async fn stop_the_loops(
 }
 
 /// The faults of the plan's next step: the cutover once half the run is over (if the run has
-/// one), else one draw of the settings' kinds (None: nothing this time).
+/// one), else one draw of the settings' kinds (None: nothing this time). `slow` holds the
+/// backends an upstream timeout left slow; `submitted` is how many requests are in so far.
 fn next_faults(
     cutover_done: &mut bool,
     started: Instant,
@@ -469,7 +415,39 @@ fn next_faults(
         return None;
     }
     let kind = settings.faults[rng.random_range(0..settings.faults.len())];
-    draw(kind, settings, versions, slow, submitted, rng)
+    let version = versions[rng.random_range(0..versions.len())].clone();
+    Some(match kind {
+        // A slow backend stays slow until the plan draws it again.
+        FaultKind::UpstreamTimeout if slow.remove(&version) => {
+            vec![Fault::RecoverBackend { version }]
+        }
+        FaultKind::UpstreamTimeout => {
+            slow.insert(version.clone());
+            vec![Fault::UpstreamTimeout { version }]
+        }
+        FaultKind::BackendFailure => vec![Fault::BackendFailure {
+            version,
+            status: 503,
+            calls: 2,
+        }],
+        FaultKind::LeaseExpiry if submitted > 0 => {
+            vec![Fault::ExpireLease {
+                request: rng.random_range(0..submitted),
+            }]
+        }
+        FaultKind::WorkerCrash => vec![Fault::CrashWorker {
+            worker: rng.random_range(0..settings.workers.len()),
+        }],
+        FaultKind::Partition => {
+            let target = if rng.random_bool(0.5) {
+                PartitionTarget::Redis
+            } else {
+                PartitionTarget::Postgres
+            };
+            vec![Fault::Partition { target }, Fault::Heal { target }]
+        }
+        _ => return None,
+    })
 }
 
 /// Faults touch this case only, and every round trip is attributed: each of the `workers` has

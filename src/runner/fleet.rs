@@ -563,21 +563,11 @@ pub async fn run_fleet(bed: &TestBed, settings: &FleetSettings) -> Result<FleetR
     }
     observe_leftovers(&plane, &admin, &keys, &mut queue, settings, &recorder).await?;
     recorder.observe(Observation::Drained { settled });
-    let mut history = crate::history::collect(
-        bed.take_journals(keys.prefix()),
-        &admin.pg,
-        keys.prefix(),
-        recorder.events(),
-        requests,
-        plane.connections(),
-    )
-    .await?;
-    history.epoch_unix_ms = Some(recorder.started_unix_ms());
-    history.wire_origin_ms = Some(recorder.offset_of(bed.wire_origin()));
     // The log-based checks take one TTL: the shortest, so no lease is taken as held longer
     // than it could have been (the wire checks read each lease's own PX).
-    history.lease_ttl_ms = Some(settings.lease_ttl.as_millis() as u64);
-    history.wire_recorded = wire_recorded;
+    let history = plane
+        .history(&recorder, requests, settings.lease_ttl, wire_recorded)
+        .await?;
     let outputs = plane.workers.outputs.lock().expect("poisoned").clone();
     Ok(FleetResult {
         case: CaseResult::judge(history, &settings.invariants),

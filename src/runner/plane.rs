@@ -594,6 +594,33 @@ impl<W: Workers> CasePlane<'_, W> {
         }
         out
     }
+
+    /// The history of a free-running case (chaos, fleet): the journals, the audit trail and
+    /// `recorder`'s events of `requests`, on the recorder's clock, the log-based checks given
+    /// `lease_ttl`.
+    pub async fn history(
+        &self,
+        recorder: &Recorder,
+        requests: Vec<crate::history::SubmittedRequest>,
+        lease_ttl: std::time::Duration,
+        wire_recorded: bool,
+    ) -> Result<crate::history::History> {
+        let (bed, keys) = (self.services.bed, &self.services.keys);
+        let mut history = crate::history::collect(
+            bed.take_journals(keys.prefix()),
+            &self.services.admin.pg,
+            keys.prefix(),
+            recorder.events(),
+            requests,
+            self.connections(),
+        )
+        .await?;
+        history.epoch_unix_ms = Some(recorder.started_unix_ms());
+        history.wire_origin_ms = Some(recorder.offset_of(bed.wire_origin()));
+        history.lease_ttl_ms = Some(lease_ttl.as_millis() as u64);
+        history.wire_recorded = wire_recorded;
+        Ok(history)
+    }
 }
 
 impl<W: Workers> Plane for CasePlane<'_, W> {

@@ -1,6 +1,11 @@
 //! One case of a system run: the fleet shaped for its fault, the request submitted the way the
 //! framework's clients do, the fault applied (through [`crate::fault::apply`]: this case is the
 //! fault's [`Plane`]) once a worker took the request, then a drain.
+//!
+//! Why one file of ~1,000 lines: a case is one sequence (shape the fleet, submit, wait for a
+//! taker, apply, drain) over one `CaseCtx`, and the `Plane` it implements is that context; the
+//! sequence's steps and the plane's methods share its fields and are used by nothing else. The
+//! system runner's move onto the driver (issue 45) replaces this file, not a split of it.
 
 use super::fleet::{configure, open_links};
 use super::judge::judge;
